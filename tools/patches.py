@@ -1,0 +1,195 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+
+# DeepSpeed Team
+"""Edit the patch series as git commits, and export it back.
+
+  materialise  git work tree: pristine upstream sdist as the base commit (tag gafix-base),
+               one commit per patch of patches/series (branch gafix)
+  export       write the commits gafix-base..HEAD back to patches/ and patches/series
+  check        fail when exporting a fresh work tree would change patches/ (byte for byte)
+  rebase       move the work tree's commits onto a new upstream release and update upstream.json
+
+See docs/patches.md for the workflow.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from gafix_build import BuildError, Pin, load_pin, obtain_sdist, read_series  # noqa: E402
+from gafix_build.pin import PIN_FILE  # noqa: E402
+from gafix_build.sdist import extract_sdist  # noqa: E402
+from gafix_build.series import SERIES_FILE  # noqa: E402
+
+BASE_TAG = "gafix-base"
+BRANCH = "gafix"
+DEFAULT_TREE = REPO / "build" / "patch-tree"
+SERIES_HEADER = "# Applied in this order by setup.py; edit with tools/patches.py (docs/patches.md).\n"
+# Fixed so that the same series always materialises to the same commits, whoever runs it.
+_UPSTREAM_IDENTITY = {
+    "GIT_AUTHOR_NAME": "DeepSpeed upstream",
+    "GIT_AUTHOR_EMAIL": "upstream@deepspeed.invalid",
+    "GIT_COMMITTER_NAME": "deepspeed-gafix patches tool",
+    "GIT_COMMITTER_EMAIL": "patches@deepspeed-gafix.invalid",
+    "GIT_AUTHOR_DATE": "1970-01-01T00:00:00+0000",
+    "GIT_COMMITTER_DATE": "1970-01-01T00:00:00+0000",
+}
+# Settings that change format-patch output; pinned so that export does not depend on ~/.gitconfig.
+_FORMAT_CONFIG = [
+    "-c", "diff.noprefix=false", "-c", "diff.mnemonicPrefix=false", "-c", "diff.renames=false", "-c",
+    "format.numbered=false", "-c", "format.signature=", "-c", "core.quotePath=true", "-c", "format.coverLetter=false"
+]
+
+
+def git(tree, *args, env=None, check=True):
+    full_env = dict(os.environ)
+    full_env["GIT_CEILING_DIRECTORIES"] = str(Path(tree).resolve().parent)
+    full_env.update(env or {})
+    proc = subprocess.run(["git", *args], cwd=tree, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if check and proc.returncode != 0:
+        raise BuildError(f"git {' '.join(args[:2])} in {tree} failed: {proc.stderr.strip() or proc.stdout.strip()}")
+    return proc
+
+
+def commit_upstream(tree, pin, message_extra=""):
+    """Commit the whole tree as the pristine upstream release."""
+    git(tree, "add", "-A", "-f")
+    message = f"deepspeed {pin.version} (upstream sdist, sha256 {pin.sha256}){message_extra}"
+    git(tree, "commit", "-q", "--allow-empty", "--no-verify", "-m", message, env=_UPSTREAM_IDENTITY)
+
+
+def materialise(tree, repo=REPO, environ=os.environ):
+    tree = Path(tree).resolve()
+    if tree.exists():
+        raise BuildError(f"{tree} exists: remove it or pass another --dir")
+    pin = load_pin(repo)
+    patches = read_series(repo)
+    sdist = obtain_sdist(pin, environ)
+    tree.parent.mkdir(parents=True, exist_ok=True)
+    extract_sdist(sdist, tree)
+    git(tree, "init", "-q", "-b", BRANCH)
+    commit_upstream(tree, pin)
+    git(tree, "tag", BASE_TAG)
+    for patch in patches:
+        proc = git(tree, "am", "-q", "--keep-cr", "--whitespace=nowarn", str(patch.path), env=_committer(), check=False)
+        if proc.returncode != 0:
+            git(tree, "am", "--abort", check=False)
+            raise BuildError(f"patches/{patch.name} does not apply with git am: {proc.stderr.strip().splitlines()[0]}")
+    return tree
+
+
+def _committer():
+    return {k: v for k, v in _UPSTREAM_IDENTITY.items() if k.startswith("GIT_COMMITTER")}
+
+
+def export(tree, patches_dir):
+    """Write gafix-base..HEAD of ``tree`` as format-patch files plus a series file into ``patches_dir``."""
+    tree = Path(tree).resolve()
+    patches_dir = Path(patches_dir)
+    with tempfile.TemporaryDirectory() as tmp:
+        git(tree, *_FORMAT_CONFIG, "format-patch", "-q", "--zero-commit", "--no-signature", "--full-index",
+            "--no-numbered", "--no-renames", "-o", tmp, f"{BASE_TAG}..HEAD")
+        names = sorted(os.listdir(tmp))
+        patches_dir.mkdir(parents=True, exist_ok=True)
+        for old in patches_dir.glob("*.patch"):
+            old.unlink()
+        for name in names:
+            shutil.copyfile(os.path.join(tmp, name), patches_dir / name)
+    (patches_dir / "series").write_text(SERIES_HEADER + "".join(f"{name}\n" for name in names))
+    return names
+
+
+def check(repo=REPO):
+    """Materialise and export into scratch space; return the differences from the committed patches/."""
+    with tempfile.TemporaryDirectory() as tmp:
+        tree = materialise(Path(tmp) / "tree", repo)
+        exported = Path(tmp) / "patches"
+        export(tree, exported)
+        committed = Path(repo) / "patches"
+        names = sorted({p.name for p in exported.iterdir()} | {p.name for p in committed.iterdir()})
+        return [
+            name for name in names
+            if not (exported / name).is_file() or not (committed / name).is_file()
+            or (exported / name).read_bytes() != (committed / name).read_bytes()
+        ]
+
+
+def rebase(tree, version, sha256, repo=REPO):
+    """Rebase the work tree's commits onto a new upstream release; update upstream.json when it lands."""
+    tree = Path(tree).resolve()
+    old_pin = load_pin(repo)
+    new_pin = Pin(package=old_pin.package, version=version, sha256=sha256)
+    sdist = obtain_sdist(new_pin)
+    git(tree, "checkout", "-q", "--detach", BASE_TAG)
+    with tempfile.TemporaryDirectory(dir=tree.parent) as tmp:
+        unpacked = extract_sdist(sdist, Path(tmp) / "new")
+        for entry in os.listdir(tree):
+            if entry != ".git":
+                path = tree / entry
+                shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+        for entry in os.listdir(unpacked):
+            os.replace(unpacked / entry, tree / entry)
+    commit_upstream(tree, new_pin, message_extra=f", after {old_pin.version}")
+    new_base = git(tree, "rev-parse", "HEAD").stdout.strip()
+    old_base = git(tree, "rev-parse", BASE_TAG).stdout.strip()
+    git(tree, "tag", "-f", f"upstream-{old_pin.version}", old_base)
+    git(tree, "tag", "-f", BASE_TAG, new_base)
+    proc = git(tree, "rebase", "-q", "--onto", new_base, old_base, BRANCH, env=_committer(), check=False)
+    (Path(repo) / PIN_FILE).write_text(
+        json.dumps({
+            "package": new_pin.package,
+            "version": new_pin.version,
+            "sha256": new_pin.sha256
+        }, indent=2) + "\n")
+    return proc.returncode == 0
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name in ("materialise", "export", "rebase"):
+        cmd = sub.add_parser(name)
+        cmd.add_argument("--dir", default=str(DEFAULT_TREE), help=f"work tree (default: {DEFAULT_TREE})")
+        if name == "rebase":
+            cmd.add_argument("--version", required=True, help="the new upstream release, e.g. 0.19.9")
+            cmd.add_argument("--sha256", required=True, help="sha256 of its sdist (from the registry's file list)")
+    sub.add_parser("check")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "materialise":
+            tree = materialise(args.dir)
+            print(f"work tree at {tree}: base tag {BASE_TAG}, branch {BRANCH}. Commit there, then export.")
+        elif args.command == "export":
+            names = export(args.dir, REPO / "patches")
+            print(f"exported {len(names)} patch(es) to patches/ and {SERIES_FILE}")
+        elif args.command == "check":
+            differing = check()
+            if differing:
+                print("patches/ differs from a fresh materialise+export in: " + ", ".join(differing))
+                print("run: tools/patches.py materialise && tools/patches.py export")
+                return 1
+            print(f"{SERIES_FILE} is up to date: materialise+export reproduces patches/ byte for byte")
+        elif args.command == "rebase":
+            if rebase(args.dir, args.version, args.sha256):
+                print(f"rebased onto {args.version}; upstream.json updated. Now: tools/patches.py export")
+            else:
+                print(f"conflicts: resolve in {args.dir}, `git rebase --continue` there, then tools/patches.py export "
+                      f"(upstream.json already pins {args.version})")
+                return 1
+    except BuildError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
