@@ -43,8 +43,15 @@ def ds_config(micro, gas, zero_stage, dtype):
     config = {
         "train_micro_batch_size_per_gpu": micro,
         "gradient_accumulation_steps": gas,
-        "optimizer": {"type": "SGD", "params": {"lr": LR}},
-        "zero_optimization": {"stage": zero_stage},
+        "optimizer": {
+            "type": "SGD",
+            "params": {
+                "lr": LR
+            }
+        },
+        "zero_optimization": {
+            "stage": zero_stage
+        },
         "zero_allow_untested_optimizer": True,
         "gradient_clipping": 0.0,  # defaults to 1.0 since 0.19.3; off so the update is plain SGD
     }
@@ -110,6 +117,42 @@ def fmt(value):
     return "n/a" if value is None else f"{value:.6f}"
 
 
+def compare_splits(zero_stage=1, dtype="fp32"):
+    """Train both splits and the reference; return their per-step (loss, norm) and the weights' agreement."""
+    world = dist.get_world_size()
+    if GLOBAL_BATCH % (4 * world):
+        raise ValueError(f"world size {world} must divide {GLOBAL_BATCH // 4}")
+    batches = make_batches()
+    per_rank = GLOBAL_BATCH // world
+    splits = [(per_rank, 1), (per_rank // 4, 4)]
+    runs = [train_split(copy.deepcopy(batches), micro, gas, zero_stage, dtype) for micro, gas in splits]
+    ref_history, ref_weights = train_reference(batches)
+    worst = max(max_relative_difference(weights, ref_weights) for _, weights in runs)
+    return {
+        "splits": [f"{micro}x{gas}" for micro, gas in splits],
+        "histories": [history for history, _ in runs],
+        "reference": ref_history,
+        "max_weight_error": worst,
+        "agree": worst <= TOLERANCE[dtype],
+    }
+
+
+def print_comparison(result, zero_stage, dtype):
+    names, histories, reference = result["splits"], result["histories"], result["reference"]
+    world = dist.get_world_size()
+    print(f"\ndeepspeed {deepspeed.__version__}, {world} rank(s), ZeRO stage {zero_stage}, {dtype}, "
+          f"global batch {GLOBAL_BATCH} = micro-batch x GAS x {world} ranks")
+    header = ["step"] + [f"loss {n}" for n in names] + ["loss fp64"] + [f"norm {n}" for n in names] + ["norm fp64"]
+    print(" | ".join(f"{h:>12}" for h in header))
+    for step in range(STEPS):
+        row = [str(step + 1)] + [fmt(history[step][0]) for history in histories] + [fmt(reference[step][0])]
+        row += [fmt(history[step][1]) for history in histories] + [fmt(reference[step][1])]
+        print(" | ".join(f"{cell:>12}" for cell in row))
+    print(f"weights after {STEPS} steps: max relative difference from fp64 reference "
+          f"{result['max_weight_error']:.2e} (tolerance {TOLERANCE[dtype]:.0e}): "
+          f"{'AGREE' if result['agree'] else 'DISAGREE'}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--zero-stage", type=int, default=1, choices=[0, 1, 2, 3])
@@ -117,30 +160,10 @@ def main():
     args = parser.parse_args()
 
     deepspeed.init_distributed()
-    world = dist.get_world_size()
-    if GLOBAL_BATCH % (4 * world):
-        sys.exit(f"gas_demo: world size {world} must divide {GLOBAL_BATCH // 4}")
-    batches = make_batches()
-    per_rank = GLOBAL_BATCH // world
-    splits = [(per_rank, 1), (per_rank // 4, 4)]
-    runs = [train_split(copy.deepcopy(batches), micro, gas, args.zero_stage, args.dtype) for micro, gas in splits]
-    ref_history, ref_weights = train_reference(batches)
-
-    names = [f"{micro}x{gas}" for micro, gas in splits]
-    worst = max(max_relative_difference(weights, ref_weights) for _, weights in runs)
-    ok = worst <= TOLERANCE[args.dtype]
+    result = compare_splits(args.zero_stage, args.dtype)
     if dist.get_rank() == 0:
-        print(f"\ndeepspeed {deepspeed.__version__}, {world} rank(s), ZeRO stage {args.zero_stage}, {args.dtype}, "
-              f"global batch {GLOBAL_BATCH} = micro-batch x GAS x {world} ranks")
-        header = ["step"] + [f"loss {n}" for n in names] + ["loss fp64"] + [f"norm {n}" for n in names] + ["norm fp64"]
-        print(" | ".join(f"{h:>12}" for h in header))
-        for step in range(STEPS):
-            row = [str(step + 1)] + [fmt(history[step][0]) for history, _ in runs] + [fmt(ref_history[step][0])]
-            row += [fmt(history[step][1]) for history, _ in runs] + [fmt(ref_history[step][1])]
-            print(" | ".join(f"{cell:>12}" for cell in row))
-        print(f"weights after {STEPS} steps: max relative difference from fp64 reference {worst:.2e} "
-              f"(tolerance {TOLERANCE[args.dtype]:.0e}): {'AGREE' if ok else 'DISAGREE'}")
-    sys.exit(0 if ok else 1)
+        print_comparison(result, args.zero_stage, args.dtype)
+    sys.exit(0 if result["agree"] else 1)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,11 @@ from .series import read_series
 # Upstream's git repository has symlinks deepspeed/ops/csrc -> csrc (and likewise op_builder,
 # accelerator); its sdist holds real copies. Patches and our files name the canonical side, as a
 # PR to upstream would, and the build writes the same content into the copy.
-MIRRORS = {"csrc": "deepspeed/ops/csrc", "op_builder": "deepspeed/ops/op_builder", "accelerator": "deepspeed/accelerator"}
+MIRRORS = {
+    "csrc": "deepspeed/ops/csrc",
+    "op_builder": "deepspeed/ops/op_builder",
+    "accelerator": "deepspeed/accelerator"
+}
 OVERLAY_ROOTS = ("deepspeed", "csrc", "op_builder")
 BUILD_INFO = "deepspeed/gafix/_build_info.py"
 _DIFF_HEADER = re.compile(r"^diff --git a/(\S+) b/(\S+)$", re.MULTILINE)
@@ -59,12 +63,13 @@ def apply_patch(tree, patch):
     # The tree may sit inside our own repository: keep git from treating it as a subdirectory of
     # that repository (git apply would then silently skip paths outside it).
     env["GIT_CEILING_DIRECTORIES"] = str(Path(tree).resolve().parent)
-    proc = subprocess.run(["git", "apply", "--whitespace=nowarn", str(patch.path.resolve())],
-                          cwd=tree,
-                          env=env,
-                          stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT,
-                          text=True)
+    proc = subprocess.run(
+        ["git", "apply", "--whitespace=nowarn", str(patch.path.resolve())],
+        cwd=tree,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True)
     if proc.returncode != 0:
         reason = next((line for line in proc.stdout.splitlines() if line.startswith("error:")), proc.stdout.strip())
         raise BuildError(f"patches/{patch.name} does not apply: {reason}")

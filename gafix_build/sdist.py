@@ -33,10 +33,10 @@ def cache_dir(environ=os.environ):
     return Path(base) / "deepspeed-gafix"
 
 
-def _verify(path, pin, origin):
+def _verify(path, pin, what):
     actual = sha256_of(path)
     if actual != pin.sha256:
-        raise BuildError(f"sha256 mismatch for {origin} {path}: got {actual}, "
+        raise BuildError(f"sha256 mismatch for {what}: got {actual}, "
                          f"upstream.json pins {pin.requirement} at {pin.sha256}")
 
 
@@ -67,18 +67,19 @@ def obtain_sdist(pin, environ=os.environ):
         path = Path(local)
         if not path.is_file():
             raise BuildError(f"{LOCAL_SDIST_VAR}={local}: no such file")
-        _verify(path, pin, f"{LOCAL_SDIST_VAR}")
+        _verify(path, pin, f"{LOCAL_SDIST_VAR}={local}")
         return path
 
     cached = cache_dir(environ) / pin.sha256 / pin.sdist_name
     if cached.is_file():
-        _verify(cached, pin, "cached sdist")
+        _verify(cached, pin, f"cached {cached}")
         return cached
 
-    cached.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=cached.parent) as tmp:
+    cached.parent.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=cached.parent.parent) as tmp:
         fetched = _download(pin, tmp)
-        _verify(fetched, pin, "downloaded sdist")
+        _verify(fetched, pin, f"{pin.sdist_name} from pip download")
+        cached.parent.mkdir(exist_ok=True)
         # Atomic: a concurrent build sees either no file or the whole, verified one.
         os.replace(fetched, cached)
     return cached

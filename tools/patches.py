@@ -54,7 +54,12 @@ def git(tree, *args, env=None, check=True):
     full_env = dict(os.environ)
     full_env["GIT_CEILING_DIRECTORIES"] = str(Path(tree).resolve().parent)
     full_env.update(env or {})
-    proc = subprocess.run(["git", *args], cwd=tree, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.run(["git", *args],
+                          cwd=tree,
+                          env=full_env,
+                          stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE,
+                          text=True)
     if check and proc.returncode != 0:
         raise BuildError(f"git {' '.join(args[:2])} in {tree} failed: {proc.stderr.strip() or proc.stdout.strip()}")
     return proc
@@ -80,7 +85,14 @@ def materialise(tree, repo=REPO, environ=os.environ):
     commit_upstream(tree, pin)
     git(tree, "tag", BASE_TAG)
     for patch in patches:
-        proc = git(tree, "am", "-q", "--keep-cr", "--whitespace=nowarn", str(patch.path), env=_committer(), check=False)
+        proc = git(tree,
+                   "am",
+                   "-q",
+                   "--keep-cr",
+                   "--whitespace=nowarn",
+                   str(patch.path),
+                   env=_committer(),
+                   check=False)
         if proc.returncode != 0:
             git(tree, "am", "--abort", check=False)
             raise BuildError(f"patches/{patch.name} does not apply with git am: {proc.stderr.strip().splitlines()[0]}")
@@ -117,9 +129,8 @@ def check(repo=REPO):
         committed = Path(repo) / "patches"
         names = sorted({p.name for p in exported.iterdir()} | {p.name for p in committed.iterdir()})
         return [
-            name for name in names
-            if not (exported / name).is_file() or not (committed / name).is_file()
-            or (exported / name).read_bytes() != (committed / name).read_bytes()
+            name for name in names if not (exported / name).is_file() or not (committed / name).is_file() or (
+                exported / name).read_bytes() != (committed / name).read_bytes()
         ]
 
 

@@ -1,0 +1,65 @@
+# SPDX-License-Identifier: Apache-2.0
+
+# DeepSpeed Team
+"""Tests run against the INSTALLED deepspeed: this fork's wheel, or pristine upstream for comparison.
+
+Markers: ``fork_only`` (checks what only the fork has: skipped against upstream), ``slow`` (left out
+unless ``--run-slow``).
+"""
+
+import os
+from pathlib import Path
+
+import pytest
+
+from helpers.repo import REPO
+
+
+def pytest_addoption(parser):
+    parser.addoption("--run-slow", action="store_true", help="also run tests marked slow")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "fork_only: needs deepspeed-gafix (skipped against pristine upstream)")
+    config.addinivalue_line("markers", "slow: takes minutes; run with --run-slow")
+
+
+def installed_deepspeed():
+    try:
+        import deepspeed
+    except ImportError as err:
+        pytest.exit(f"deepspeed is not installed ({err}): run README's install command first", returncode=4)
+    location = Path(deepspeed.__file__).resolve()
+    if REPO in location.parents:
+        pytest.exit(f"deepspeed imported from the source tree ({location}), not from an install", returncode=4)
+    return deepspeed
+
+
+def is_fork():
+    return "+gafix." in installed_deepspeed().__version__
+
+
+def pytest_report_header(config):
+    deepspeed = installed_deepspeed()
+    kind = "deepspeed-gafix" if is_fork() else "pristine upstream: fork_only tests skipped"
+    return f"deepspeed {deepspeed.__version__} ({kind}) from {Path(deepspeed.__file__).parent}"
+
+
+def pytest_collection_modifyitems(config, items):
+    fork = is_fork()
+    run_slow = config.getoption("--run-slow")
+    for item in items:
+        if "fork_only" in item.keywords and not fork:
+            item.add_marker(pytest.mark.skip(reason="fork_only: the installed deepspeed is not deepspeed-gafix"))
+        if "slow" in item.keywords and not run_slow:
+            item.add_marker(pytest.mark.skip(reason="slow: run with --run-slow"))
+
+
+@pytest.fixture(scope="session")
+def extensions_dir(tmp_path_factory):
+    """A TORCH_EXTENSIONS_DIR private to this run (JIT ops build once, then every launch reuses them).
+
+    Set DS_GAFIX_TEST_EXTENSIONS_DIR to keep the builds across runs.
+    """
+    kept = os.environ.get("DS_GAFIX_TEST_EXTENSIONS_DIR")
+    return Path(kept) if kept else tmp_path_factory.mktemp("torch_extensions")

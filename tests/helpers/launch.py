@@ -1,0 +1,136 @@
+# SPDX-License-Identifier: Apache-2.0
+
+# DeepSpeed Team
+"""Launch N CPU ranks with the installed ``deepspeed`` launcher and collect what each rank reported.
+
+Start-up costs 15-40 s here, so one launch runs many cases (see ``rank_cases.py``); each launch
+gets a free master port, the run's private extensions directory, a hard timeout, and its
+``/dev/shm`` all-reduce buffers removed afterwards.
+"""
+
+import glob
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+EXTENSIONS_DIR_VAR = "DS_GAFIX_TEST_EXTENSIONS_DIR"
+SHM_BUFFER_GLOB = "/dev/shm/deepspeed_allreduce_buffer_*_{port}_*"
+
+
+class LaunchError(AssertionError):
+    """The launch failed as a whole: non-zero exit, timeout, or a rank that wrote no results."""
+
+
+def free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def launcher_path():
+    """The ``deepspeed`` launcher of the interpreter running the tests, so the same install is tested."""
+    beside = Path(sys.executable).with_name("deepspeed")
+    found = str(beside) if beside.exists() else shutil.which("deepspeed")
+    if not found:
+        raise LaunchError("no 'deepspeed' launcher found beside python or on PATH: is deepspeed installed?")
+    return found
+
+
+@dataclass
+class LaunchResult:
+    returncode: int
+    log: str
+    ranks: list = field(default_factory=list)  # per rank: {case name: {"ok", "value" | "error"}}
+
+    def case(self, name):
+        """The values every rank returned for ``name``; fails with the rank's traceback when one raised."""
+        values = []
+        for rank, cases in enumerate(self.ranks):
+            if name not in cases:
+                raise LaunchError(f"rank {rank} reported nothing for case '{name}'\n{self.tail()}")
+            if not cases[name]["ok"]:
+                raise AssertionError(f"case '{name}' raised on rank {rank}:\n{cases[name]['error']}")
+            values.append(cases[name]["value"])
+        return values
+
+    def tail(self, lines=40):
+        return _tail(self.log, lines)
+
+
+def run_launcher(script, nprocs, args=(), timeout=600, extensions_dir=None, env=None, on_timeout=None):
+    """Run ``deepspeed --num_gpus nprocs --no_local_rank script args...``; return (exit status, output).
+
+    A launch still running after ``timeout`` seconds is killed and raises LaunchError, with what
+    ``on_timeout()`` says about where the ranks were.
+    """
+    port = free_port()
+    cmd = [
+        launcher_path(), "--num_gpus",
+        str(nprocs), "--no_local_rank", "--master_port",
+        str(port),
+        str(script), *args
+    ]
+    run_env = dict(os.environ)
+    run_env.update(env or {})
+    if extensions_dir:
+        run_env["TORCH_EXTENSIONS_DIR"] = str(extensions_dir)
+    # Ranks share this machine's few cores: one thread each avoids oversubscription.
+    run_env.setdefault("OMP_NUM_THREADS", "1")
+    proc = subprocess.Popen(cmd,
+                            stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT,
+                            text=True,
+                            env=run_env,
+                            start_new_session=True)
+    try:
+        log, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        log, _ = proc.communicate()
+        where = f"; {on_timeout()}" if on_timeout else ""
+        raise LaunchError(f"launch of {Path(script).name} timed out after {timeout} s (a hang?){where}\n"
+                          f"{_tail(log)}") from None
+    finally:
+        for leftover in glob.glob(SHM_BUFFER_GLOB.format(port=port)):
+            os.unlink(leftover)
+    return proc.returncode, log
+
+
+def launch_cases(script, nprocs, cases=(), timeout=600, extensions_dir=None, env=None):
+    """Launch a worker script built on ``rank_cases.run_cases`` and return what each rank reported."""
+    with tempfile.TemporaryDirectory(prefix="ds-gafix-launch-") as results_dir:
+        args = ["--results-dir", results_dir, "--cases", ",".join(cases)]
+        returncode, log = run_launcher(script,
+                                       nprocs,
+                                       args,
+                                       timeout,
+                                       extensions_dir,
+                                       env,
+                                       on_timeout=lambda: _progress(results_dir, nprocs))
+        ranks = []
+        for rank in range(nprocs):
+            path = Path(results_dir) / f"rank{rank}.json"
+            if not path.exists():
+                raise LaunchError(f"rank {rank} wrote no results (exit {returncode}); "
+                                  f"{_progress(results_dir, nprocs)}\n{_tail(log)}")
+            ranks.append(json.loads(path.read_text()))
+        return LaunchResult(returncode=returncode, log=log, ranks=ranks)
+
+
+def _progress(results_dir, nprocs):
+    notes = []
+    for rank in range(nprocs):
+        path = Path(results_dir) / f"rank{rank}.progress"
+        notes.append(f"rank {rank}: {path.read_text().strip() if path.exists() else 'not started'}")
+    return "; ".join(notes)
+
+
+def _tail(log, lines=40):
+    return "\n".join(log.splitlines()[-lines:])

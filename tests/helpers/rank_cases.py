@@ -1,0 +1,45 @@
+# SPDX-License-Identifier: Apache-2.0
+
+# DeepSpeed Team
+"""The rank side of ``launch.py``: run named cases one after the other, record each outcome.
+
+A worker script defines cases as functions returning JSON-able values and ends with
+``run_cases({"name": fn, ...})``. Every rank writes ``rank<N>.json`` with ``{name: {"ok": True,
+"value": ...}}`` or ``{"ok": False, "error": traceback}``, and ``rank<N>.progress`` names the case
+it is in, so a hang can be located.
+"""
+
+import argparse
+import json
+import os
+import traceback
+
+
+def run_cases(cases, argv=None):
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--results-dir", required=True)
+    parser.add_argument("--cases", default="", help="comma-separated subset of case names (default: all)")
+    args, _ = parser.parse_known_args(argv)
+    selected = [c for c in args.cases.split(",") if c] or list(cases)
+    unknown = [c for c in selected if c not in cases]
+    if unknown:
+        raise SystemExit(f"unknown case(s) {unknown}; known: {sorted(cases)}")
+
+    import deepspeed
+    import deepspeed.comm as dist
+    deepspeed.init_distributed()
+    rank = dist.get_rank()
+    results = {}
+    progress = os.path.join(args.results_dir, f"rank{rank}.progress")
+    for name in selected:
+        with open(progress, "w") as f:
+            f.write(f"in case '{name}'")
+        try:
+            results[name] = {"ok": True, "value": cases[name]()}
+        except Exception:
+            results[name] = {"ok": False, "error": traceback.format_exc()}
+        dist.barrier()
+    with open(progress, "w") as f:
+        f.write("finished")
+    with open(os.path.join(args.results_dir, f"rank{rank}.json"), "w") as f:
+        json.dump(results, f)

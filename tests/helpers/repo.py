@@ -1,0 +1,34 @@
+# SPDX-License-Identifier: Apache-2.0
+
+# DeepSpeed Team
+"""The repository under test, and scratch copies of it for tests that change build inputs."""
+
+import shutil
+import subprocess
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def repo_files(root=REPO):
+    """Files git would commit (tracked plus untracked, not ignored); without git, all but build outputs."""
+    if (Path(root) / ".git").exists():
+        out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                             cwd=root,
+                             check=True,
+                             stdout=subprocess.PIPE).stdout.decode()
+        return [name for name in out.split("\0") if name and (Path(root) / name).is_file()]
+    skip = {"build", "dist", ".venv", "__pycache__", ".pytest_cache"}
+    return [
+        p.relative_to(root).as_posix() for p in Path(root).rglob("*")
+        if p.is_file() and not skip & set(p.relative_to(root).parts)
+    ]
+
+
+def copy_repo(dest):
+    dest = Path(dest)
+    for name in repo_files():
+        target = dest / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / name, target)
+    return dest

@@ -1,0 +1,14 @@
+# SPDX-License-Identifier: Apache-2.0
+
+# DeepSpeed Team
+"""README's main job: examples/gas_demo.py on two CPU ranks prints the comparison and agrees."""
+
+from helpers.launch import run_launcher
+from helpers.repo import REPO
+
+
+def test_gas_demo_two_ranks(extensions_dir):
+    returncode, log = run_launcher(REPO / "examples" / "gas_demo.py", nprocs=2, extensions_dir=extensions_dir)
+    assert returncode == 0, log[-4000:]
+    assert "norm 8x1 |     norm 2x4 |    norm fp64" in log
+    assert ": AGREE" in log

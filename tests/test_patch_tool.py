@@ -1,0 +1,126 @@
+# SPDX-License-Identifier: Apache-2.0
+
+# DeepSpeed Team
+"""tools/patches.py: the series round-trips through a git work tree byte for byte, and rebases."""
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from helpers.repo import REPO, copy_repo
+
+sys.path.insert(0, str(REPO))
+from gafix_build import assemble_tree, load_pin, obtain_sdist, read_series  # noqa: E402
+from gafix_build.sdist import extract_sdist  # noqa: E402
+
+
+def patches_tool(repo, *args, env_extra=None):
+    env = dict(os.environ, **(env_extra or {}))
+    return subprocess.run([sys.executable, str(Path(repo) / "tools" / "patches.py"), *args],
+                          stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT,
+                          text=True,
+                          env=env)
+
+
+def git(tree, *args):
+    return subprocess.run(["git", *args], cwd=tree, check=True, stdout=subprocess.PIPE, text=True).stdout
+
+
+def commit_all(tree, message):
+    git(tree, "add", "-A")
+    git(tree, "-c", "user.name=Test", "-c", "user.email=test@example.invalid", "commit", "-q", "-s", "-m", message)
+
+
+@pytest.fixture
+def repo_copy(tmp_path):
+    return copy_repo(tmp_path / "repo")
+
+
+def test_committed_series_is_up_to_date():
+    proc = patches_tool(REPO, "check")
+    assert proc.returncode == 0, proc.stdout
+
+
+def test_materialise_is_pristine_base_plus_one_commit_per_patch(tmp_path):
+    tree = tmp_path / "tree"
+    proc = patches_tool(REPO, "materialise", "--dir", str(tree))
+    assert proc.returncode == 0, proc.stdout
+    subjects = git(tree, "log", "--reverse", "--format=%s", "gafix-base..gafix").splitlines()
+    assert subjects == [p.subject for p in read_series(REPO)]
+    pristine = extract_sdist(obtain_sdist(load_pin(REPO)), tmp_path / "pristine")
+    base_files = git(tree, "ls-tree", "-r", "--name-only", "gafix-base").splitlines()
+    assert len(base_files) == sum(1 for p in pristine.rglob("*") if p.is_file())
+    # The base commit's content is the sdist's, file for file.
+    subprocess.run(["git", f"--work-tree={pristine}", "diff", "--quiet", "gafix-base", "--"], cwd=tree, check=True)
+
+
+def test_check_fails_on_a_hand_edited_patch(repo_copy):
+    """A patch that still applies but is not what export writes (here: its diffstat removed)."""
+    patch = read_series(repo_copy)[0].path
+    text = patch.read_text()
+    stat_start = text.index("\n---\n") + len("\n---\n")
+    patch.write_text(text[:stat_start] + "\n" + text[text.index("diff --git", stat_start):])
+    proc = patches_tool(repo_copy, "check")
+    assert proc.returncode == 1, proc.stdout
+    assert patch.name in proc.stdout
+
+
+def test_edit_export_build_mirrors_csrc(repo_copy, tmp_path):
+    tree = tmp_path / "tree"
+    assert patches_tool(repo_copy, "materialise", "--dir", str(tree)).returncode == 0
+    marker = "// deepspeed-gafix test: this line reaches the sdist's deepspeed/ops/csrc copy too\n"
+    with open(tree / "csrc" / "cpu" / "comm" / "shm.cpp", "a") as f:
+        f.write(marker)
+    commit_all(tree, "Mark shm.cpp\n\nA test edit.")
+    proc = patches_tool(repo_copy, "export", "--dir", str(tree))
+    assert proc.returncode == 0, proc.stdout
+    series = read_series(repo_copy)
+    assert series[-1].subject == "Mark shm.cpp"
+    assert patches_tool(repo_copy, "check").returncode == 0
+    built = assemble_tree(repo_copy)
+    assert (built / "csrc/cpu/comm/shm.cpp").read_text().endswith(marker)
+    assert (built / "deepspeed/ops/csrc/cpu/comm/shm.cpp").read_text().endswith(marker)
+
+
+def fake_next_release(pristine_sdist, workdir, version):
+    """An sdist like the pinned one, as if upstream had released ``version`` with an unrelated change."""
+    tree = extract_sdist(pristine_sdist, Path(workdir) / f"deepspeed-{version}")
+    (tree / "version.txt").write_text(f"{version}\n")
+    with open(tree / "deepspeed" / "constants.py", "a") as f:
+        f.write("\n# an upstream change between releases\n")
+    sdist = Path(workdir) / f"deepspeed-{version}.tar.gz"
+    with tarfile.open(sdist, "w:gz") as tar:
+        tar.add(tree, arcname=tree.name)
+    return sdist, hashlib.sha256(sdist.read_bytes()).hexdigest()
+
+
+def test_rebase_onto_next_release(repo_copy, tmp_path):
+    tree = tmp_path / "tree"
+    assert patches_tool(repo_copy, "materialise", "--dir", str(tree)).returncode == 0
+    sdist, sha = fake_next_release(obtain_sdist(load_pin(REPO)), tmp_path, "0.19.99")
+    local = {"DS_GAFIX_UPSTREAM_SDIST": str(sdist)}
+    proc = patches_tool(repo_copy,
+                        "rebase",
+                        "--dir",
+                        str(tree),
+                        "--version",
+                        "0.19.99",
+                        "--sha256",
+                        sha,
+                        env_extra=local)
+    assert proc.returncode == 0, proc.stdout
+    assert json.loads((repo_copy / "upstream.json").read_text())["version"] == "0.19.99"
+    assert patches_tool(repo_copy, "export", "--dir", str(tree)).returncode == 0
+    proc = patches_tool(repo_copy, "check", env_extra=local)
+    assert proc.returncode == 0, proc.stdout
+    built = assemble_tree(repo_copy, environ=dict(os.environ, **local))
+    assert (built / "version.txt").read_text().strip() == "0.19.99"
+    assert "an upstream change between releases" in (built / "deepspeed" / "constants.py").read_text()
+    assert (built / "build.txt").read_text().strip().startswith("+gafix.")
