@@ -7,12 +7,11 @@ Markers: ``fork_only`` (checks what only the fork has: skipped against upstream)
 unless ``--run-slow``).
 """
 
+import importlib.metadata
 import os
 from pathlib import Path
 
 import pytest
-
-from helpers.repo import REPO
 
 
 def pytest_addoption(parser):
@@ -30,8 +29,13 @@ def installed_deepspeed():
     except ImportError as err:
         pytest.exit(f"deepspeed is not installed ({err}): run README's install command first", returncode=4)
     location = Path(deepspeed.__file__).resolve()
-    if REPO in location.parents:
-        pytest.exit(f"deepspeed imported from the source tree ({location}), not from an install", returncode=4)
+    try:
+        installed = Path(importlib.metadata.distribution("deepspeed").locate_file("deepspeed/__init__.py")).resolve()
+    except importlib.metadata.PackageNotFoundError:
+        installed = None
+    if location != installed:
+        pytest.exit(f"deepspeed imported from {location}, not from the installed distribution ({installed})",
+                    returncode=4)
     return deepspeed
 
 
