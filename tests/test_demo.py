@@ -8,7 +8,7 @@ from helpers.repo import REPO
 
 
 def test_gas_demo_two_ranks(extensions_dir):
-    returncode, log = run_launcher(REPO / "examples" / "gas_demo.py", nprocs=2, extensions_dir=extensions_dir)
-    assert returncode == 0, log[-4000:]
-    assert "norm 8x1 |     norm 2x4 |    norm fp64" in log
-    assert ": AGREE" in log
+    run = run_launcher(REPO / "examples" / "gas_demo.py", nprocs=2, extensions_dir=extensions_dir)
+    assert run.returncode == 0, run.log[-4000:]
+    assert "norm 8x1 |     norm 2x4 |    norm fp64" in run.log
+    assert ": AGREE" in run.log

@@ -44,9 +44,14 @@ def launcher_path():
 
 
 @dataclass
-class LaunchResult:
+class LauncherRun:
     returncode: int
     log: str
+    leaked_shm: list  # /dev/shm all-reduce buffers the launch left behind (now removed)
+
+
+@dataclass
+class LaunchResult(LauncherRun):
     ranks: list = field(default_factory=list)  # per rank: {case name: {"ok", "value" | "error"}}
 
     def case(self, name):
@@ -65,7 +70,7 @@ class LaunchResult:
 
 
 def run_launcher(script, nprocs, args=(), timeout=600, extensions_dir=None, env=None, on_timeout=None):
-    """Run ``deepspeed --num_gpus nprocs --no_local_rank script args...``; return (exit status, output).
+    """Run ``deepspeed --num_gpus nprocs --no_local_rank script args...`` and return a LauncherRun.
 
     A launch still running after ``timeout`` seconds is killed and raises LaunchError, with what
     ``on_timeout()`` says about where the ranks were.
@@ -98,30 +103,31 @@ def run_launcher(script, nprocs, args=(), timeout=600, extensions_dir=None, env=
         raise LaunchError(f"launch of {Path(script).name} timed out after {timeout} s (a hang?){where}\n"
                           f"{_tail(log)}") from None
     finally:
-        for leftover in glob.glob(SHM_BUFFER_GLOB.format(port=port)):
+        leaked = sorted(glob.glob(SHM_BUFFER_GLOB.format(port=port)))
+        for leftover in leaked:
             os.unlink(leftover)
-    return proc.returncode, log
+    return LauncherRun(returncode=proc.returncode, log=log, leaked_shm=leaked)
 
 
 def launch_cases(script, nprocs, cases=(), timeout=600, extensions_dir=None, env=None):
     """Launch a worker script built on ``rank_cases.run_cases`` and return what each rank reported."""
     with tempfile.TemporaryDirectory(prefix="ds-gafix-launch-") as results_dir:
         args = ["--results-dir", results_dir, "--cases", ",".join(cases)]
-        returncode, log = run_launcher(script,
-                                       nprocs,
-                                       args,
-                                       timeout,
-                                       extensions_dir,
-                                       env,
-                                       on_timeout=lambda: _progress(results_dir, nprocs))
+        run = run_launcher(script,
+                           nprocs,
+                           args,
+                           timeout,
+                           extensions_dir,
+                           env,
+                           on_timeout=lambda: _progress(results_dir, nprocs))
         ranks = []
         for rank in range(nprocs):
             path = Path(results_dir) / f"rank{rank}.json"
             if not path.exists():
-                raise LaunchError(f"rank {rank} wrote no results (exit {returncode}); "
-                                  f"{_progress(results_dir, nprocs)}\n{_tail(log)}")
+                raise LaunchError(f"rank {rank} wrote no results (exit {run.returncode}); "
+                                  f"{_progress(results_dir, nprocs)}\n{_tail(run.log)}")
             ranks.append(json.loads(path.read_text()))
-        return LaunchResult(returncode=returncode, log=log, ranks=ranks)
+        return LaunchResult(returncode=run.returncode, log=run.log, leaked_shm=run.leaked_shm, ranks=ranks)
 
 
 def _progress(results_dir, nprocs):
