@@ -1,0 +1,47 @@
+# SPDX-License-Identifier: Apache-2.0
+
+# DeepSpeed Team
+"""One optimizer step on several engine paths equals a plain fp64 PyTorch step, at two GAS splits.
+
+Regression tests for two bugs of deepspeed 0.19.8 (both fail on it, see tools/test-against-upstream):
+- pipeline + fp32 + gradient clipping: later stages dropped out of the clip norm (update x1.42);
+  patch "Count every pipeline stage in clip_grad_norm_";
+- fp16 with ZeRO stage 0: the loss was never scaled, so step() divided the update by the loss scale;
+  patch "Scale the loss for the fp16 optimizers of ZeRO stage 0".
+"""
+
+import pytest
+
+from helpers.launch import launch_cases
+from helpers.repo import REPO
+
+WORKER = REPO / "tests" / "workers" / "engine_updates.py"
+# fp32: accumulation order only (~1e-6 seen); fp16: weights keep 11 bits (1.2e-2 seen).
+TOLERANCE = {
+    "zero0_fp16_static_scale": 2e-2,
+    "zero0_fp16_dynamic_scale": 2e-2,
+    "zero1_fp16_dynamic_scale": 2e-2,
+    "pipe2_fp32_clip_off": 1e-4,
+    "pipe2_fp32_clip_on": 1e-4,
+}
+
+
+@pytest.fixture(scope="module")
+def launched(extensions_dir):
+    return launch_cases(WORKER, nprocs=2, extensions_dir=extensions_dir, timeout=900)
+
+
+@pytest.mark.parametrize("case", sorted(TOLERANCE))
+def test_update_matches_fp64_reference(launched, case):
+    tolerance = TOLERANCE[case]
+    for rank, splits in enumerate(launched.case(case)):
+        for split, result in splits.items():
+            where = f"rank {rank}, micro-batch x GAS = {split}"
+            assert abs(result["factor"] -
+                       1) <= tolerance, f"{where}: update is x{result['factor']:.4f} the reference's"
+            assert result["max_rel_error"] <= tolerance, f"{where}: relative error {result['max_rel_error']:.2e}"
+
+
+def test_unscaled_backward_is_refused(launched):
+    """fp16 ZeRO-0 cannot take a loss.backward() the engine did not scale: it must say so, not train."""
+    assert all(message for message in launched.case("zero0_fp16_unscaled_backward"))

@@ -1,0 +1,186 @@
+# SPDX-License-Identifier: Apache-2.0
+
+# DeepSpeed Team
+"""Rank worker: one optimizer step's update on several engine paths vs a plain fp64 PyTorch step.
+
+Each case trains ONE global batch at two micro-batch x GAS splits and reports, per split, the
+least-squares factor between the observed and the expected update (1.0 when right; 1/GAS, GAS,
+1/loss_scale... when a known mistake is made) and the worst relative error of the update.
+"""
+
+import copy
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+import deepspeed  # noqa: E402
+import deepspeed.comm as dist  # noqa: E402
+from helpers.rank_cases import run_cases  # noqa: E402
+
+LR = 0.1
+IN, HIDDEN, OUT = 8, 16, 4
+
+
+def make_layers(seed=1234):
+    torch.manual_seed(seed)
+    return [
+        torch.nn.Linear(IN, HIDDEN),
+        torch.nn.Tanh(),
+        torch.nn.Linear(HIDDEN, HIDDEN),
+        torch.nn.Tanh(),
+        torch.nn.Linear(HIDDEN, OUT)
+    ]
+
+
+def global_batch(size, seed=4321):
+    """Inputs and targets that give every sample, so every micro-batch and rank, a different gradient."""
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(size, IN, generator=gen), torch.randn(size, OUT, generator=gen) * 3
+
+
+def mse(output, target):
+    return torch.nn.functional.mse_loss(output.float(), target.float())
+
+
+def reference_update(layers, inputs, targets, clip):
+    """The update of one SGD step in fp64 on the whole batch, clipped like torch's clip_grad_norm_."""
+    model = torch.nn.Sequential(*copy.deepcopy(layers)).double()
+    loss = torch.nn.functional.mse_loss(model(inputs.double()), targets.double())
+    loss.backward()
+    norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in model.parameters()]))
+    coef = min(1.0, clip / (norm.item() + 1e-6)) if clip > 0 else 1.0
+    return {name: -LR * coef * p.grad for name, p in model.named_parameters()}, norm.item()
+
+
+def compare(observed, expected):
+    """Least-squares factor observed ~ f * expected, and the worst relative error, over the common tensors."""
+    names = sorted(observed)
+    assert names, "no parameters to compare"
+    obs = torch.cat([observed[n].flatten().double() for n in names])
+    exp = torch.cat([expected[n].flatten().double() for n in names])
+    factor = (obs @ exp / (exp @ exp)).item()
+    worst = max(((observed[n].double() - expected[n]).abs().max() / expected[n].abs().max()).item() for n in names)
+    return {"factor": factor, "max_rel_error": worst}
+
+
+def snapshot(module):
+    return {name: p.detach().double().clone() for name, p in module.named_parameters()}
+
+
+def base_config(micro, gas, clip):
+    return {
+        "train_micro_batch_size_per_gpu": micro,
+        "gradient_accumulation_steps": gas,
+        "optimizer": {
+            "type": "SGD",
+            "params": {
+                "lr": LR
+            }
+        },
+        "zero_allow_untested_optimizer": True,
+        "gradient_clipping": clip,
+    }
+
+
+def pipeline_step(micro, gas, clip):
+    """2-stage PipelineModule, fp32, no ZeRO, one train_batch()."""
+    from deepspeed.pipe import PipelineModule
+    layers = make_layers()
+    module = PipelineModule(layers=copy.deepcopy(layers), num_stages=2, loss_fn=mse, partition_method="uniform")
+    engine, *_ = deepspeed.initialize(model=module,
+                                      model_parameters=[p for p in module.parameters() if p.requires_grad],
+                                      config=base_config(micro, gas, clip))
+    dp, dp_rank = engine.grid.get_data_parallel_world_size(), engine.grid.get_data_parallel_id()
+    inputs, targets = global_batch(micro * gas * dp)
+    per_rank = micro * gas
+    x, y = inputs[dp_rank * per_rank:(dp_rank + 1) * per_rank], targets[dp_rank * per_rank:(dp_rank + 1) * per_rank]
+    before = snapshot(engine.module)
+    engine.train_batch(data_iter=iter([(x[i * micro:(i + 1) * micro], y[i * micro:(i + 1) * micro])
+                                       for i in range(gas)]))
+    after = snapshot(engine.module)
+    expected, _ = reference_update(layers, inputs, targets, clip)
+    observed = {name: after[name] - before[name] for name in after}
+    engine.destroy()
+    return compare(observed, {name: expected[name] for name in observed})
+
+
+def data_parallel_step(micro, gas, clip, extra_config):
+    """nn.Sequential on every rank, engine.backward()/step() per micro-batch, one optimizer step."""
+    layers = make_layers()
+    model = torch.nn.Sequential(*copy.deepcopy(layers))
+    config = dict(base_config(micro, gas, clip), **extra_config)
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+    world, rank = dist.get_world_size(), dist.get_rank()
+    inputs, targets = global_batch(micro * gas * world)
+    per_rank = micro * gas
+    x, y = inputs[rank * per_rank:(rank + 1) * per_rank], targets[rank * per_rank:(rank + 1) * per_rank]
+    dtype = next(engine.module.parameters()).dtype
+    before = snapshot(engine.module)
+    for i in range(gas):
+        loss = mse(engine(x[i * micro:(i + 1) * micro].to(dtype)), y[i * micro:(i + 1) * micro])
+        engine.backward(loss)
+        engine.step()
+    after = snapshot(engine.module)
+    expected, _ = reference_update(layers, inputs, targets, clip)
+    engine.destroy()
+    return compare({name: after[name] - before[name] for name in after}, expected)
+
+
+def unscaled_backward_error(extra_config):
+    """A plain loss.backward() would skip the loss scale: the engine must refuse it (None if it did not)."""
+    model = torch.nn.Sequential(*make_layers())
+    engine, *_ = deepspeed.initialize(model=model,
+                                      model_parameters=model.parameters(),
+                                      config=dict(base_config(4, 1, 0.0), **extra_config))
+    dtype = next(engine.module.parameters()).dtype
+    inputs, targets = global_batch(4)
+    try:
+        mse(engine(inputs.to(dtype)), targets).backward()
+    except RuntimeError as err:
+        return str(err)
+    finally:
+        engine.destroy()
+    return None
+
+
+def force_fp16_on_cpu():
+    """The CPU accelerator refuses fp16; the engine's fp16 paths are device-independent, so allow it here."""
+    from deepspeed.accelerator import get_accelerator
+    get_accelerator().is_fp16_supported = lambda: True
+
+
+def over_splits(step, splits, *args):
+
+    def run():
+        return {f"{micro}x{gas}": step(micro, gas, *args) for micro, gas in splits}
+
+    return run
+
+
+SPLITS = [(8, 1), (2, 4)]
+FP16_STATIC = {"fp16": {"enabled": True, "loss_scale": 256}}
+FP16_DYNAMIC = {"fp16": {"enabled": True, "loss_scale": 0, "initial_scale_power": 10}}
+
+# Pipeline cases last: the pipeline grid stays in deepspeed.utils.groups for the process's lifetime
+# and would make later non-pipeline engines see a model-parallel world of 2.
+CASES = {
+    "zero0_fp16_static_scale":
+    over_splits(data_parallel_step, SPLITS, 0.0, FP16_STATIC),
+    "zero0_fp16_dynamic_scale":
+    over_splits(data_parallel_step, SPLITS, 0.0, FP16_DYNAMIC),
+    "zero0_fp16_unscaled_backward":
+    lambda: unscaled_backward_error(FP16_DYNAMIC),
+    "zero1_fp16_dynamic_scale":
+    over_splits(data_parallel_step, SPLITS, 0.0, dict(FP16_DYNAMIC, zero_optimization={"stage": 1})),
+    "pipe2_fp32_clip_off":
+    over_splits(pipeline_step, SPLITS, 0.0),
+    "pipe2_fp32_clip_on":
+    over_splits(pipeline_step, SPLITS, 0.5),
+}
+
+if __name__ == "__main__":
+    force_fp16_on_cpu()
+    run_cases(CASES)
