@@ -18,6 +18,8 @@ from helpers.rank_cases import run_cases  # noqa: E402
 
 def shm_names_after_init():
     """Names of this job's all-reduce buffers still in /dev/shm once deepspeed.comm is initialized."""
+    import deepspeed.comm as dist
+    dist.barrier()  # every rank past its own initialization, before looking
     return sorted(os.path.basename(p) for p in glob.glob(SHM_BUFFER_GLOB.format(port=os.environ["MASTER_PORT"])))
 
 

@@ -1,0 +1,88 @@
+# SPDX-License-Identifier: Apache-2.0
+
+# DeepSpeed Team
+"""Rank worker: ds_gas_check's engine on many configs in one launch, plus negative controls.
+
+Against the fork the installed ``deepspeed.gafix.gas_check`` runs; against pristine upstream the
+checker (which uses public DeepSpeed APIs only) is loaded from this repository as a standalone tool.
+"""
+
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+try:
+    from deepspeed.gafix import gas_check
+except ImportError:  # pristine upstream: the checker is not installed, load it from the repository
+    sys.path.insert(0, str(HERE.parents[1] / "deepspeed" / "gafix"))
+    import gas_check
+
+from deepspeed.runtime.engine import DeepSpeedEngine  # noqa: E402
+from helpers.rank_cases import run_cases  # noqa: E402
+
+NO_CLIP = {"gradient_clipping": 0.0}
+SGD = {"optimizer": {"type": "SGD", "params": {"lr": 0.1}}}
+ADAMW = {"optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.0, "torch_adam": True}}}
+
+
+def zero(stage, **extra):
+    return {"zero_optimization": {"stage": stage}, **extra}
+
+
+def check(config, **kwargs):
+    return [dict(vars(r), name=r.name, passed=r.passed) for r in gas_check.check_gas_invariance(config, **kwargs)]
+
+
+def with_backward(wrapper, config):
+    """Run a check while every engine.backward() goes through ``wrapper`` (a caller's mistake)."""
+    original = DeepSpeedEngine.backward
+    DeepSpeedEngine.backward = lambda engine, loss, **kw: wrapper(original, engine, loss)
+    try:
+        return check(config)
+    finally:
+        DeepSpeedEngine.backward = original
+
+
+def forgets_to_divide(original, engine, loss):
+    # scale_wrt_gas=False and no division by GAS: micro-batch gradients get summed.
+    return original(engine, loss, scale_wrt_gas=False)
+
+
+def multiplies_by_world(original, engine, loss):
+    import deepspeed.comm as dist
+    return original(engine, loss * dist.get_world_size())
+
+
+def force_fp16_on_cpu():
+    """The CPU accelerator refuses fp16; the engine's fp16 paths are device-independent, so allow it here."""
+    from deepspeed.accelerator import get_accelerator
+    get_accelerator().is_fp16_supported = lambda: True
+
+
+FP16_STATIC = {"fp16": {"enabled": True, "loss_scale": 256}}
+FP16_DYNAMIC = {"fp16": {"enabled": True, "loss_scale": 0, "initial_scale_power": 10}}
+BF16 = {"bf16": {"enabled": True}}
+
+CONFIGS = {
+    "zero0_fp32": zero(0, **NO_CLIP, **SGD),
+    "zero1_fp32": zero(1, **NO_CLIP, **SGD),
+    "zero2_fp32": zero(2, **NO_CLIP, **SGD),
+    "zero3_fp32": zero(3, **NO_CLIP, **SGD),
+    "zero1_fp32_clip": zero(1, gradient_clipping=0.5, **SGD),
+    "zero2_fp32_adamw_clip": zero(2, gradient_clipping=0.5, **ADAMW),
+    "zero1_bf16": zero(1, **NO_CLIP, **SGD, **BF16),
+    "zero2_bf16_clip": zero(2, gradient_clipping=0.5, **SGD, **BF16),
+    "zero0_fp16_static": zero(0, **NO_CLIP, **SGD, **FP16_STATIC),
+    "zero2_fp16_dynamic": zero(2, **NO_CLIP, **SGD, **FP16_DYNAMIC),
+}
+CASES = {name: (lambda config=config: check(config)) for name, config in CONFIGS.items()}
+CASES["control_forgets_to_divide"] = lambda: with_backward(forgets_to_divide, CONFIGS["zero1_fp32"])
+CASES["control_multiplies_by_world"] = lambda: with_backward(multiplies_by_world, CONFIGS["zero1_fp32"])
+# Last: the pipeline grid stays in deepspeed.utils.groups for the rest of the process.
+CASES["pipe2_fp32_clip"] = lambda: check(dict(gradient_clipping=0.5, **SGD), pipeline_stages=2)
+
+if __name__ == "__main__":
+    force_fp16_on_cpu()
+    run_cases(CASES)
