@@ -21,8 +21,10 @@ from helpers.repo import REPO
 
 WORKER = REPO / "tests" / "workers" / "gas_checker.py"
 MUST_PASS = [
-    "zero0_fp32", "zero1_fp32", "zero2_fp32", "zero3_fp32", "zero1_fp32_clip", "zero2_fp32_adamw_clip", "zero1_bf16",
-    "zero2_bf16_clip", "zero0_fp16_static", "zero2_fp16_dynamic", "pipe2_fp32_clip"
+    "zero0_fp32", "zero1_fp32", "zero2_fp32", "zero3_fp32", "zero1_fp32_clip", "zero2_fp32_adamw_clip", "zero0_bf16",
+    "zero1_bf16", "zero2_bf16_clip", "zero1_bf16_fp32_accum_immediate", "zero0_fp16_static", "zero2_fp16_dynamic",
+    "zero1_offload_fp32", "zero2_offload_bf16_clip", "zero3_offload_fp32", "zero2_fp32_caller_divides",
+    "zero1_fp32_boundary_loop", "zero3_bf16_boundary_loop", "pipe2_fp32_clip"
 ]
 
 
@@ -38,10 +40,27 @@ def describe(rows):
 
 @pytest.mark.parametrize("case", MUST_PASS)
 def test_gas_invariant(launched, case):
+    assert [r["name"] for r in launched.case(case)[0]] == ["16 x 1 x 2", "8 x 2 x 2", "4 x 4 x 2", "2 x 8 x 2"]
+    assert_gas_invariant(launched, case)
+
+
+def assert_gas_invariant(launched, case):
     rank0, rank1 = launched.case(case)
     assert rank0 == rank1, "ranks disagree about the same check"
-    assert [r["name"] for r in rank0] == ["16 x 1 x 2", "8 x 2 x 2", "4 x 4 x 2", "2 x 8 x 2"]
     assert all(r["passed"] for r in rank0), describe(rank0)
+
+
+def test_pipeline_averages_micro_batches(launched):
+    """Regression, upstream #7773 (0.16.0-0.18.2: pipeline gradients summed over micro-batches, update x GAS)
+    and #8152 (0.18.x: 1/GAS on the early stages)."""
+    assert_gas_invariant(launched, "pipe2_fp32")
+    assert_gas_invariant(launched, "pipe2_bf16")
+
+
+def test_bf16_optimizer_keeps_last_micro_batch_in_cross_rank_average(launched):
+    """Regression, upstream PR #7985 (up to 0.18.x: BF16_Optimizer, ZeRO-1 with fp32 gradient accumulation,
+    added the last micro-batch after the cross-rank all-reduce)."""
+    assert_gas_invariant(launched, "zero1_bf16_fp32_accum")
 
 
 def test_control_forgetting_to_divide_is_caught_as_gas(launched):
@@ -63,24 +82,23 @@ def test_control_loss_times_world_is_caught_as_world_size(launched):
 
 
 @pytest.mark.fork_only
-def test_command_line(tmp_path, extensions_dir):
+def test_command_line_on_example_config(tmp_path, extensions_dir):
     """`ds_gas_check --ranks 2` launches itself, prints the table and exits 0 on a good config."""
-    config = tmp_path / "ds_config.json"
-    config.write_text(json.dumps({"zero_optimization": {"stage": 2}, "gradient_clipping": 0.0}))
     results = tmp_path / "results.json"
     command = Path(sys.executable).with_name("ds_gas_check")
-    proc = subprocess.run(
-        [str(command), "--config",
-         str(config), "--ranks", "2", "--splits", "4x1,2x2,1x4", "--json",
-         str(results)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        timeout=900,
-        env=dict(os.environ, TORCH_EXTENSIONS_DIR=str(extensions_dir)))
+    proc = subprocess.run([
+        str(command), "--config",
+        str(REPO / "examples" / "configs" / "zero2_bf16.json"), "--ranks", "2", "--splits", "4x1,2x2,1x4", "--json",
+        str(results)
+    ],
+                          stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT,
+                          text=True,
+                          timeout=900,
+                          env=dict(os.environ, TORCH_EXTENSIONS_DIR=str(extensions_dir)))
     assert proc.returncode == 0, proc.stdout[-3000:]
+    assert "ZeRO 2, bf16, optimizer SGD, 3 steps" in proc.stdout
     assert "split (micro x GAS x ranks)" in proc.stdout
-    assert "note: config has no 'optimizer' section: checked with SGD, lr 0.1" in proc.stdout
     rows = json.loads(results.read_text())
     assert [(r["name"], r["passed"]) for r in rows] == [("4 x 1 x 2", True), ("2 x 2 x 2", True), ("1 x 4 x 2", True)]
 
@@ -102,3 +120,18 @@ def test_command_line_bad_input(tmp_path, args, message):
                           timeout=120)
     assert proc.returncode == 2, proc.stdout
     assert f"ds_gas_check: error: {message}" in proc.stdout
+
+
+SINGLE_RANK = ["zero0_fp32", "zero2_bf16_clip", "zero3_fp32", "zero0_fp16_static", "zero1_fp32_boundary_loop"]
+
+
+@pytest.fixture(scope="module")
+def launched_single(extensions_dir):
+    return launch_cases(WORKER, nprocs=1, cases=SINGLE_RANK, extensions_dir=extensions_dir, timeout=900)
+
+
+@pytest.mark.parametrize("case", SINGLE_RANK)
+def test_gas_invariant_single_rank(launched_single, case):
+    (rows, ) = launched_single.case(case)
+    assert [r["name"] for r in rows] == ["16 x 1 x 1", "8 x 2 x 1", "4 x 4 x 1", "2 x 8 x 1"]
+    assert all(r["passed"] for r in rows), describe(rows)

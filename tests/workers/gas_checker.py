@@ -36,7 +36,7 @@ def check(config, **kwargs):
 
 
 def with_backward(wrapper, config):
-    """Run a check while every engine.backward() goes through ``wrapper`` (a caller's mistake)."""
+    """Run a check while every engine.backward() goes through ``wrapper`` (a caller's own loss handling)."""
     original = DeepSpeedEngine.backward
     DeepSpeedEngine.backward = lambda engine, loss, **kw: wrapper(original, engine, loss)
     try:
@@ -48,6 +48,11 @@ def with_backward(wrapper, config):
 def forgets_to_divide(original, engine, loss):
     # scale_wrt_gas=False and no division by GAS: micro-batch gradients get summed.
     return original(engine, loss, scale_wrt_gas=False)
+
+
+def divides_itself(original, engine, loss):
+    # engine.backward(loss, scale_wrt_gas=False) with the caller dividing by GAS: right.
+    return original(engine, loss / engine.gradient_accumulation_steps(), scale_wrt_gas=False)
 
 
 def multiplies_by_world(original, engine, loss):
@@ -64,24 +69,67 @@ def force_fp16_on_cpu():
 FP16_STATIC = {"fp16": {"enabled": True, "loss_scale": 256}}
 FP16_DYNAMIC = {"fp16": {"enabled": True, "loss_scale": 0, "initial_scale_power": 10}}
 BF16 = {"bf16": {"enabled": True}}
+# bf16 + ZeRO-1 + fp32 gradient accumulation selects BF16_Optimizer.
+BF16_FP32_ACCUM = {"data_types": {"grad_accum_dtype": "fp32"}}
+# The fp32 master weights and the optimizer on the CPU, with a torch optimizer (no CPU Adam build).
+OFFLOAD = {"offload_optimizer": {"device": "cpu"}}
+TORCH_OPTIMIZER_OFFLOAD = {"zero_force_ds_cpu_optimizer": False}
+
+
+def zero_offload(stage, **extra):
+    return {"zero_optimization": {"stage": stage, **OFFLOAD}, **TORCH_OPTIMIZER_OFFLOAD, **extra}
+
 
 CONFIGS = {
-    "zero0_fp32": zero(0, **NO_CLIP, **SGD),
-    "zero1_fp32": zero(1, **NO_CLIP, **SGD),
-    "zero2_fp32": zero(2, **NO_CLIP, **SGD),
-    "zero3_fp32": zero(3, **NO_CLIP, **SGD),
-    "zero1_fp32_clip": zero(1, gradient_clipping=0.5, **SGD),
-    "zero2_fp32_adamw_clip": zero(2, gradient_clipping=0.5, **ADAMW),
-    "zero1_bf16": zero(1, **NO_CLIP, **SGD, **BF16),
-    "zero2_bf16_clip": zero(2, gradient_clipping=0.5, **SGD, **BF16),
-    "zero0_fp16_static": zero(0, **NO_CLIP, **SGD, **FP16_STATIC),
-    "zero2_fp16_dynamic": zero(2, **NO_CLIP, **SGD, **FP16_DYNAMIC),
+    "zero0_fp32":
+    zero(0, **NO_CLIP, **SGD),
+    "zero1_fp32":
+    zero(1, **NO_CLIP, **SGD),
+    "zero2_fp32":
+    zero(2, **NO_CLIP, **SGD),
+    "zero3_fp32":
+    zero(3, **NO_CLIP, **SGD),
+    "zero1_fp32_clip":
+    zero(1, gradient_clipping=0.5, **SGD),
+    "zero2_fp32_adamw_clip":
+    zero(2, gradient_clipping=0.5, **ADAMW),
+    "zero1_bf16":
+    zero(1, **NO_CLIP, **SGD, **BF16),
+    "zero2_bf16_clip":
+    zero(2, gradient_clipping=0.5, **SGD, **BF16),
+    "zero0_fp16_static":
+    zero(0, **NO_CLIP, **SGD, **FP16_STATIC),
+    "zero2_fp16_dynamic":
+    zero(2, **NO_CLIP, **SGD, **FP16_DYNAMIC),
+    "zero0_bf16":
+    zero(0, **NO_CLIP, **SGD, **BF16),
+    "zero1_bf16_fp32_accum":
+    zero(1, **NO_CLIP, **SGD, **BF16_FP32_ACCUM, bf16={
+        "enabled": True,
+        "immediate_grad_update": False
+    }),
+    "zero1_bf16_fp32_accum_immediate":
+    zero(1, **NO_CLIP, **SGD, **BF16_FP32_ACCUM, bf16={
+        "enabled": True,
+        "immediate_grad_update": True
+    }),
+    "zero1_offload_fp32":
+    zero_offload(1, **NO_CLIP, **SGD),
+    "zero2_offload_bf16_clip":
+    zero_offload(2, gradient_clipping=0.5, **SGD, **BF16),
+    "zero3_offload_fp32":
+    zero_offload(3, **NO_CLIP, **SGD),
 }
 CASES = {name: (lambda config=config: check(config)) for name, config in CONFIGS.items()}
+CASES["zero2_fp32_caller_divides"] = lambda: with_backward(divides_itself, CONFIGS["zero2_fp32"])
+CASES["zero1_fp32_boundary_loop"] = lambda: check(CONFIGS["zero1_fp32"], loop="boundary")
+CASES["zero3_bf16_boundary_loop"] = lambda: check(zero(3, **NO_CLIP, **SGD, **BF16), loop="boundary")
 CASES["control_forgets_to_divide"] = lambda: with_backward(forgets_to_divide, CONFIGS["zero1_fp32"])
 CASES["control_multiplies_by_world"] = lambda: with_backward(multiplies_by_world, CONFIGS["zero1_fp32"])
 # Last: the pipeline grid stays in deepspeed.utils.groups for the rest of the process.
+CASES["pipe2_fp32"] = lambda: check(dict(**NO_CLIP, **SGD), pipeline_stages=2)
 CASES["pipe2_fp32_clip"] = lambda: check(dict(gradient_clipping=0.5, **SGD), pipeline_stages=2)
+CASES["pipe2_bf16"] = lambda: check(dict(**NO_CLIP, **SGD, **BF16), pipeline_stages=2)
 
 if __name__ == "__main__":
     force_fp16_on_cpu()

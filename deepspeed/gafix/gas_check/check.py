@@ -94,8 +94,13 @@ def _seeded(make_model):
     return make_model()
 
 
-def train_split(config, make_model, batches, micro, gas, pipeline_stages):
-    """Train with one split; return the reported norm per step and the weights before/after each step."""
+def train_split(config, make_model, batches, micro, gas, pipeline_stages, loop="step_every_micro_batch"):
+    """Train with one split; return the reported norm per step and the weights before/after each step.
+
+    ``loop``: "step_every_micro_batch" calls engine.backward() and engine.step() on every micro-batch
+    (DeepSpeed's documented loop); "boundary" sets engine.set_gradient_accumulation_boundary() before
+    each backward and calls step() once per global batch, as Hugging Face accelerate does.
+    """
     if pipeline_stages:
         from deepspeed.pipe import PipelineModule
         torch.manual_seed(SEED)
@@ -117,9 +122,13 @@ def train_split(config, make_model, batches, micro, gas, pipeline_stages):
         if pipeline_stages:
             engine.train_batch(data_iter=iter(micro_batches))
         else:
-            for xb, yb in micro_batches:
+            for i, (xb, yb) in enumerate(micro_batches):
+                last = i == gas - 1
+                if loop == "boundary":
+                    engine.set_gradient_accumulation_boundary(last)
                 engine.backward(loss_fn(engine(xb), yb))
-                engine.step()
+                if loop != "boundary" or last:
+                    engine.step()
         norm = engine.get_global_grad_norm()
         norms.append(float("nan") if norm is None else float(norm))
         weights.append(master_weights(engine))
@@ -191,8 +200,15 @@ def diagnose(result, loss_scale, clip):
     return lines
 
 
-def check_gas_invariance(config, make_model=builtin_model, splits=DEFAULT_SPLITS, steps=3, pipeline_stages=0):
+def check_gas_invariance(config,
+                         make_model=builtin_model,
+                         splits=DEFAULT_SPLITS,
+                         steps=3,
+                         pipeline_stages=0,
+                         loop="step_every_micro_batch"):
     """Train ``config`` under each per-rank ``(micro, gas)`` split; return one SplitResult per split.
+
+    ``loop`` is the training loop's style (see ``train_split``); ignored with ``pipeline_stages``.
 
     Call on every rank of an initialized deepspeed.comm. Every split must cover the same per-rank
     batch (micro x gas), so that the global batch is the same.
@@ -219,7 +235,7 @@ def check_gas_invariance(config, make_model=builtin_model, splits=DEFAULT_SPLITS
     ref_norms, ref_weights = reference_run(make_reference, batches, config["optimizer"], clip)
     results = []
     for micro, gas in splits:
-        norms, weights = train_split(config, make_model, batches, micro, gas, pipeline_stages)
+        norms, weights = train_split(config, make_model, batches, micro, gas, pipeline_stages, loop)
         results.append(
             compare_split(micro, gas, norms, weights, ref_norms, ref_weights, TOLERANCE[dtype],
                           config_loss_scale(config), clip))

@@ -60,6 +60,11 @@ def parse_args(argv=None):
                         default=0,
                         help="check the pipeline engine: a built-in PipelineModule with this many stages, "
                         "trained with train_batch()")
+    parser.add_argument("--loop",
+                        default="step_every_micro_batch",
+                        choices=["step_every_micro_batch", "boundary"],
+                        help="training loop: backward()+step() on every micro-batch (default), or "
+                        "set_gradient_accumulation_boundary() and one step() per batch, as accelerate does")
     parser.add_argument("--ranks", type=int, default=1, help="ranks to launch when not under a launcher")
     parser.add_argument("--json", help="also write the results to this JSON file (rank 0)")
     return parser.parse_args(argv)
@@ -146,7 +151,7 @@ def main(argv=None):
     from .check import check_gas_invariance, config_dtype, format_results
     deepspeed.init_distributed()
     try:
-        results = check_gas_invariance(config, make_model, splits, args.steps, args.pipeline_stages)
+        results = check_gas_invariance(config, make_model, splits, args.steps, args.pipeline_stages, args.loop)
     except ValueError as err:
         print(f"ds_gas_check: error: {err}", file=sys.stderr)
         return 2

@@ -1,0 +1,70 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+
+# DeepSpeed Team
+"""Print the GAS-invariance matrix of the installed deepspeed as a Markdown table.
+
+Runs tests/workers/gas_checker.py (every engine path of tests/test_gas_check.py, one 2-rank launch)
+with the python that runs this script, so the same command gives the fork's matrix and, from
+another environment, pristine upstream's:
+
+    python tools/gas_matrix.py                                        # the installed fork
+    build/upstream-venv-0.19.8/bin/python tools/gas_matrix.py         # after tools/test-against-upstream
+"""
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests"))
+
+from helpers.launch import launch_cases  # noqa: E402
+
+
+def cell(row):
+    """PASS, or FAIL with the update's factor (or the reported norm's, when the update is right)."""
+    if row["passed"]:
+        return "PASS"
+    update, norm = row["update_factor"], row["norm_factor"]
+    if abs(update - 1) > 0.01:
+        return f"FAIL x{update:.3g}"
+    return f"FAIL norm x{norm:.3g}" if norm == norm else "FAIL"
+
+
+def first_diagnosis(rows):
+    for row in rows:
+        if row["diagnosis"]:
+            return f"{row['name']}: {row['diagnosis'][0]}"
+    return ""
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--extensions-dir", help="TORCH_EXTENSIONS_DIR to reuse (default: a fresh one)")
+    args = parser.parse_args()
+    import deepspeed
+    with tempfile.TemporaryDirectory() as tmp:
+        result = launch_cases(REPO / "tests" / "workers" / "gas_checker.py",
+                              nprocs=2,
+                              extensions_dir=args.extensions_dir or tmp,
+                              timeout=1800)
+    print(f"deepspeed {deepspeed.__version__}, 2 CPU ranks, per-rank micro-batch x GAS splits\n")
+    splits = None
+    lines = []
+    for case, outcome in result.ranks[0].items():
+        if not outcome["ok"]:
+            lines.append(f"| {case} | error: {outcome['error'].strip().splitlines()[-1][:100]} |")
+            continue
+        rows = outcome["value"]
+        splits = splits or [r["name"] for r in rows]
+        lines.append(f"| {case} | " + " | ".join(cell(r) for r in rows) + f" | {first_diagnosis(rows)} |")
+    header = ["case"] + [s.rsplit(" x ", 1)[0] for s in (splits or [])] + ["first diagnosis"]
+    print("| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header))
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
