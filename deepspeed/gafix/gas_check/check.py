@@ -193,6 +193,10 @@ def diagnose(result, loss_scale, clip):
     if spread and max(spread) - min(spread) > 0.03 * max(abs(f) for f in spread):
         lines.append("update factor differs between ranks (per pipeline stage?): " +
                      ", ".join(f"rank {r} x{f:.4g}" for r, f in enumerate(result.rank_factors)))
+        for rank, factor in enumerate(result.rank_factors):
+            reading = explain_factor(factor, result.gas, result.world, loss_scale)
+            if reading:
+                lines.append(f"rank {rank}: update {reading}")
     if clip > 0 and update_reading and "no clean factor" in update_reading:
         lines.append(f"gradient clipping is active ({clip:g}): a non-clean factor points at the clip norm")
     if not lines:
