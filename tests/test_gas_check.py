@@ -24,7 +24,8 @@ MUST_PASS = [
     "zero0_fp32", "zero1_fp32", "zero2_fp32", "zero3_fp32", "zero1_fp32_clip", "zero2_fp32_adamw_clip", "zero0_bf16",
     "zero1_bf16", "zero2_bf16_clip", "zero1_bf16_fp32_accum_immediate", "zero0_fp16_static", "zero2_fp16_dynamic",
     "zero1_offload_fp32", "zero2_offload_bf16_clip", "zero3_offload_fp32", "zero2_fp32_caller_divides",
-    "zero1_fp32_boundary_loop", "zero3_bf16_boundary_loop", "pipe2_fp32_clip"
+    "zero1_fp32_boundary_loop", "zero3_bf16_boundary_loop", "zero1_fp32_allreduce_sum",
+    "zero2_bf16_allreduce_sum_clip", "zero0_fp32_unmanaged", "zero2_fp32_unmanaged", "pipe2_fp32_clip"
 ]
 
 
@@ -136,3 +137,18 @@ def test_gas_invariant_single_rank(launched_single, case):
     (rows, ) = launched_single.case(case)
     assert [r["name"] for r in rows] == ["16 x 1 x 1", "8 x 2 x 1", "4 x 4 x 1", "2 x 8 x 1"]
     assert all(r["passed"] for r in rows), describe(rows)
+
+
+PIPELINE_2X2 = ["pipe2_fp32", "pipe2_fp32_clip", "pipe2_bf16"]
+
+
+@pytest.fixture(scope="module")
+def launched_four(extensions_dir):
+    """4 ranks = 2 pipeline stages x 2 data-parallel ranks."""
+    return launch_cases(WORKER, nprocs=4, cases=PIPELINE_2X2, extensions_dir=extensions_dir, timeout=900)
+
+
+@pytest.mark.parametrize("case", PIPELINE_2X2)
+def test_gas_invariant_pipeline_2x2(launched_four, case):
+    assert [r["name"] for r in launched_four.case(case)[0]] == ["16 x 1 x 4", "8 x 2 x 4", "4 x 4 x 4", "2 x 8 x 4"]
+    assert_gas_invariant(launched_four, case)

@@ -124,6 +124,13 @@ CASES = {name: (lambda config=config: check(config)) for name, config in CONFIGS
 CASES["zero2_fp32_caller_divides"] = lambda: with_backward(divides_itself, CONFIGS["zero2_fp32"])
 CASES["zero1_fp32_boundary_loop"] = lambda: check(CONFIGS["zero1_fp32"], loop="boundary")
 CASES["zero3_bf16_boundary_loop"] = lambda: check(zero(3, **NO_CLIP, **SGD, **BF16), loop="boundary")
+CASES["zero1_fp32_allreduce_sum"] = lambda: check(zero(1, gradient_allreduce_op="sum", **NO_CLIP, **SGD))
+CASES["zero2_bf16_allreduce_sum_clip"] = lambda: check(
+    zero(2, gradient_allreduce_op="sum", gradient_clipping=0.5, **SGD, **BF16))
+CASES["zero0_fp32_unmanaged"] = lambda: check(zero(0, managed_gradient_accumulation=False, **NO_CLIP, **SGD),
+                                              loop="step_once")
+CASES["zero2_fp32_unmanaged"] = lambda: check(zero(2, managed_gradient_accumulation=False, **NO_CLIP, **SGD),
+                                              loop="step_once")
 CASES["control_forgets_to_divide"] = lambda: with_backward(forgets_to_divide, CONFIGS["zero1_fp32"])
 CASES["control_multiplies_by_world"] = lambda: with_backward(multiplies_by_world, CONFIGS["zero1_fp32"])
 # Last: the pipeline grid stays in deepspeed.utils.groups for the rest of the process.

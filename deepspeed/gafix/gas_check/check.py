@@ -99,7 +99,8 @@ def train_split(config, make_model, batches, micro, gas, pipeline_stages, loop="
 
     ``loop``: "step_every_micro_batch" calls engine.backward() and engine.step() on every micro-batch
     (DeepSpeed's documented loop); "boundary" sets engine.set_gradient_accumulation_boundary() before
-    each backward and calls step() once per global batch, as Hugging Face accelerate does.
+    each backward and calls step() once per global batch, as Hugging Face accelerate does; "step_once"
+    calls backward() on every micro-batch and step() once, for ``managed_gradient_accumulation: false``.
     """
     if pipeline_stages:
         from deepspeed.pipe import PipelineModule
@@ -111,6 +112,9 @@ def train_split(config, make_model, batches, micro, gas, pipeline_stages, loop="
                                       model_parameters=[p for p in model.parameters() if p.requires_grad],
                                       config=split_config(config, micro, gas))
     dp_rank = engine.grid.get_data_parallel_id() if pipeline_stages else dist.get_rank()
+    # gradient_allreduce_op "sum" adds the ranks' gradients: its callers normalize their loss over
+    # the global batch, so the per-rank mean is divided by the number of data-parallel ranks.
+    loss_divisor = dist.get_world_size() if config.get("gradient_allreduce_op", "mean") == "sum" else 1
     dtype = next(engine.module.parameters()).dtype
     device = get_accelerator().current_device_name()
     per_rank = micro * gas
@@ -126,8 +130,8 @@ def train_split(config, make_model, batches, micro, gas, pipeline_stages, loop="
                 last = i == gas - 1
                 if loop == "boundary":
                     engine.set_gradient_accumulation_boundary(last)
-                engine.backward(loss_fn(engine(xb), yb))
-                if loop != "boundary" or last:
+                engine.backward(loss_fn(engine(xb), yb) / loss_divisor)
+                if loop == "step_every_micro_batch" or last:
                     engine.step()
         norm = engine.get_global_grad_norm()
         norms.append(float("nan") if norm is None else float(norm))

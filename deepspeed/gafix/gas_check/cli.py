@@ -62,9 +62,10 @@ def parse_args(argv=None):
                         "trained with train_batch()")
     parser.add_argument("--loop",
                         default="step_every_micro_batch",
-                        choices=["step_every_micro_batch", "boundary"],
-                        help="training loop: backward()+step() on every micro-batch (default), or "
-                        "set_gradient_accumulation_boundary() and one step() per batch, as accelerate does")
+                        choices=["step_every_micro_batch", "boundary", "step_once"],
+                        help="training loop: backward()+step() on every micro-batch (default); "
+                        "set_gradient_accumulation_boundary() and one step() per batch, as accelerate does; or "
+                        "one step() per batch, for managed_gradient_accumulation: false")
     parser.add_argument("--ranks", type=int, default=1, help="ranks to launch when not under a launcher")
     parser.add_argument("--json", help="also write the results to this JSON file (rank 0)")
     return parser.parse_args(argv)
