@@ -65,6 +65,15 @@ def test_bf16_optimizer_keeps_last_micro_batch_in_cross_rank_average(launched):
     assert_gas_invariant(launched, "zero1_bf16_fp32_accum")
 
 
+@pytest.mark.xfail(strict=True,
+                   reason="found by ds_gas_check, not fixed yet (upstream 0.19.8 too): the dynamic loss scale grows "
+                   "before the gradients are unscaled, so the step on which it grows applies 1/scale_factor of its "
+                   "update (FP16_Optimizer, FP16_UnfusedOptimizer, ZeRO 1/2 and 3 all call _update_scale() first)")
+@pytest.mark.parametrize("case", ["zero0_fp16_scale_growth", "zero2_fp16_scale_growth"])
+def test_fp16_update_on_the_step_the_loss_scale_grows(launched, case):
+    assert_gas_invariant(launched, case)
+
+
 def test_control_forgetting_to_divide_is_caught_as_gas(launched):
     """scale_wrt_gas=False without dividing: every GAS>1 split fails, diagnosed as summed over micro-batches."""
     rows = launched.case("control_forgets_to_divide")[0]
