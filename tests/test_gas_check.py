@@ -65,12 +65,10 @@ def test_bf16_optimizer_keeps_last_micro_batch_in_cross_rank_average(launched):
     assert_gas_invariant(launched, "zero1_bf16_fp32_accum")
 
 
-@pytest.mark.xfail(strict=True,
-                   reason="found by ds_gas_check, not fixed yet (upstream 0.19.8 too): the dynamic loss scale grows "
-                   "before the gradients are unscaled, so the step on which it grows applies 1/scale_factor of its "
-                   "update (FP16_Optimizer, FP16_UnfusedOptimizer, ZeRO 1/2 and 3 all call _update_scale() first)")
-@pytest.mark.parametrize("case", ["zero0_fp16_scale_growth", "zero2_fp16_scale_growth"])
+@pytest.mark.parametrize("case", [f"zero{stage}_fp16_scale_growth" for stage in range(4)])
 def test_fp16_update_on_the_step_the_loss_scale_grows(launched, case):
+    """Regression (patch 0005): the dynamic loss scale grew before the gradients were unscaled, so the
+    step on which it grows applied half its update (every step after the first with loss_scale_window 1)."""
     assert_gas_invariant(launched, case)
 
 

@@ -133,8 +133,8 @@ CASES["zero2_fp32_unmanaged"] = lambda: check(zero(2, managed_gradient_accumulat
                                               loop="step_once")
 # The dynamic loss scale grows after every loss_scale_window overflow-free steps: here after each step.
 FP16_GROWING = {"fp16": {"enabled": True, "loss_scale": 0, "initial_scale_power": 4, "loss_scale_window": 1}}
-CASES["zero0_fp16_scale_growth"] = lambda: check(zero(0, **NO_CLIP, **SGD, **FP16_GROWING))
-CASES["zero2_fp16_scale_growth"] = lambda: check(zero(2, **NO_CLIP, **SGD, **FP16_GROWING))
+for stage in range(4):
+    CASES[f"zero{stage}_fp16_scale_growth"] = lambda stage=stage: check(zero(stage, **NO_CLIP, **SGD, **FP16_GROWING))
 CASES["control_forgets_to_divide"] = lambda: with_backward(forgets_to_divide, CONFIGS["zero1_fp32"])
 CASES["control_multiplies_by_world"] = lambda: with_backward(multiplies_by_world, CONFIGS["zero1_fp32"])
 # Last: the pipeline grid stays in deepspeed.utils.groups for the rest of the process.
