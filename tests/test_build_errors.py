@@ -7,6 +7,7 @@ Each case breaks one input in a scratch copy of the repository and runs a real p
 """
 
 import json
+import os
 import subprocess
 import sys
 
@@ -24,7 +25,6 @@ def repo_copy(tmp_path):
 
 def pip_install_to_target(source, target, env_extra=None):
     """pip install into a --target folder: even a wrongly successful build cannot touch the test venv."""
-    import os
     env = dict(os.environ, **(env_extra or {}))
     cmd = [
         sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "--disable-pip-version-check",

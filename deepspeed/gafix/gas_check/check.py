@@ -90,6 +90,7 @@ def master_weights(engine):
 
 
 def _seeded(make_model):
+    """Build a model under the fixed seed: the engine's and the reference's start from the same weights."""
     torch.manual_seed(SEED)
     return make_model()
 
@@ -104,8 +105,7 @@ def train_split(config, make_model, batches, micro, gas, pipeline_stages, loop="
     """
     if pipeline_stages:
         from deepspeed.pipe import PipelineModule
-        torch.manual_seed(SEED)
-        model = PipelineModule(layers=builtin_layers(), num_stages=pipeline_stages, loss_fn=loss_fn)
+        model = _seeded(lambda: PipelineModule(layers=builtin_layers(), num_stages=pipeline_stages, loss_fn=loss_fn))
     else:
         model = _seeded(make_model)
     engine, *_ = deepspeed.initialize(model=model,
@@ -163,12 +163,13 @@ def compare_split(micro, gas, norms, weights, ref_norms, ref_weights, tolerance,
     steps = len(norms)
     # Every distinct tensor is held by the same number of ranks (all of them, or one stage's data-
     # parallel group), so sums over all ranks give the same ratios as sums over distinct tensors.
-    sums = _all_reduce([s for step in range(1, steps + 1) for s in _update_sums(weights, ref_weights, step)])
+    local = [_update_sums(weights, ref_weights, step) for step in range(1, steps + 1)]
+    sums = _all_reduce([s for step_sums in local for s in step_sums])
     update_errors = [math.sqrt(sums[3 * s + 2] / sums[3 * s + 1]) for s in range(steps)]
     update_factor = sums[0] / sums[1]
-    local = _update_sums(weights, ref_weights, 1)
+    dot, ref_sq, _ = local[0]
     own = [0.0] * world
-    own[dist.get_rank()] = local[0] / local[1] if local[1] else float("nan")
+    own[dist.get_rank()] = dot / ref_sq if ref_sq else float("nan")
     rank_factors = _all_reduce(own)
     norm_errors = [abs(n - r) / r for n, r in zip(norms, ref_norms)]
     result = SplitResult(micro=micro,
@@ -239,8 +240,7 @@ def check_gas_invariance(config,
         make_reference = lambda: torch.nn.Sequential(*builtin_layers())  # noqa: E731
     else:
         make_reference = make_model
-    torch.manual_seed(SEED)
-    ref_norms, ref_weights = reference_run(make_reference, batches, config["optimizer"], clip)
+    ref_norms, ref_weights = reference_run(lambda: _seeded(make_reference), batches, config["optimizer"], clip)
     results = []
     for micro, gas in splits:
         norms, weights = train_split(config, make_model, batches, micro, gas, pipeline_stages, loop)
