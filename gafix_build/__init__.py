@@ -11,5 +11,9 @@ from .pin import Pin, load_pin
 from .sdist import obtain_sdist
 from .series import Patch, read_series
 from .assemble import assemble_tree
+from .extras import read_extras, with_extras
 
-__all__ = ["BuildError", "Pin", "load_pin", "obtain_sdist", "Patch", "read_series", "assemble_tree"]
+__all__ = [
+    "BuildError", "Pin", "load_pin", "obtain_sdist", "Patch", "read_series", "assemble_tree", "read_extras",
+    "with_extras"
+]

@@ -3,11 +3,14 @@
 # DeepSpeed Team
 """One optimizer step on several engine paths equals a plain fp64 PyTorch step, at two GAS splits.
 
-Regression tests for two bugs of deepspeed 0.19.8 (both fail on it, see tools/test-against-upstream):
+Regression tests for three bugs of deepspeed 0.19.8 (all fail on it, see tools/test-against-upstream):
 - pipeline + fp32 + gradient clipping: later stages dropped out of the clip norm (update x1.42);
   patch "Count every pipeline stage in clip_grad_norm_";
 - fp16 with ZeRO stage 0: the loss was never scaled, so step() divided the update by the loss scale;
-  patch "Scale the loss for the fp16 optimizers of ZeRO stage 0".
+  patch "Scale the loss for the fp16 optimizers of ZeRO stage 0";
+- a trainer that scales the loss itself and sets ``engine.scale_wrt_gas = False`` (fairseq): the
+  attribute was ignored since 0.18.3, so the update was 1/GAS of the right one; patch "Honour the
+  engine's scale_wrt_gas attribute again".
 """
 
 import pytest
@@ -21,6 +24,9 @@ TOLERANCE = {
     "zero0_fp16_static_scale": 2e-2,
     "zero0_fp16_dynamic_scale": 2e-2,
     "zero1_fp16_dynamic_scale": 2e-2,
+    "trainer_scaled_zero0_fp32": 1e-4,
+    "trainer_scaled_zero2_fp32": 1e-4,
+    "trainer_scaled_zero2_fp32_tensor_backward": 1e-4,
     "pipe2_fp32_clip_off": 1e-4,
     "pipe2_fp32_clip_on": 1e-4,
 }
@@ -45,3 +51,9 @@ def test_update_matches_fp64_reference(launched, case):
 def test_unscaled_backward_is_refused(launched):
     """fp16 ZeRO-0 cannot take a loss.backward() the engine did not scale: it must say so, not train."""
     assert all(message for message in launched.case("zero0_fp16_unscaled_backward"))
+
+
+def test_scale_wrt_gas_must_be_a_bool(launched):
+    """engine.scale_wrt_gas = "no" must raise, naming the attribute, not train as if it were true."""
+    for message in launched.case("scale_wrt_gas_type_error"):
+        assert message and "engine.scale_wrt_gas" in message

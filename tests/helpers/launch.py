@@ -109,10 +109,10 @@ def run_launcher(script, nprocs, args=(), timeout=600, extensions_dir=None, env=
     return LauncherRun(returncode=proc.returncode, log=log, leaked_shm=leaked)
 
 
-def launch_cases(script, nprocs, cases=(), timeout=600, extensions_dir=None, env=None):
+def launch_cases(script, nprocs, cases=(), timeout=600, extensions_dir=None, env=None, extra_args=()):
     """Launch a worker script built on ``rank_cases.run_cases`` and return what each rank reported."""
     with tempfile.TemporaryDirectory(prefix="ds-gafix-launch-") as results_dir:
-        args = ["--results-dir", results_dir, "--cases", ",".join(cases)]
+        args = ["--results-dir", results_dir, "--cases", ",".join(cases), *extra_args]
         run = run_launcher(script,
                            nprocs,
                            args,

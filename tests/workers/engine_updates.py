@@ -129,6 +129,48 @@ def data_parallel_step(micro, gas, clip, extra_config):
     return compare({name: after[name] - before[name] for name in after}, expected)
 
 
+def trainer_scaled_step(micro, gas, clip, extra_config, tensor_backward=False):
+    """A trainer that divides the loss by the GAS itself and sets ``engine.scale_wrt_gas = False`` (fairseq's
+    DeepSpeed trainer does): the engine must not divide a second time, in backward() or a direct
+    loss.backward()."""
+    layers = make_layers()
+    model = torch.nn.Sequential(*copy.deepcopy(layers))
+    config = dict(base_config(micro, gas, clip), **extra_config)
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+    engine.scale_wrt_gas = False
+    world, rank = dist.get_world_size(), dist.get_rank()
+    inputs, targets = global_batch(micro * gas * world)
+    per_rank = micro * gas
+    x, y = inputs[rank * per_rank:(rank + 1) * per_rank], targets[rank * per_rank:(rank + 1) * per_rank]
+    before = snapshot(engine.module)
+    for i in range(gas):
+        loss = mse(engine(x[i * micro:(i + 1) * micro]), y[i * micro:(i + 1) * micro]) / gas
+        if tensor_backward:
+            loss.backward()
+        else:
+            engine.backward(loss)
+        engine.step()
+    after = snapshot(engine.module)
+    expected, _ = reference_update(layers, inputs, targets, clip)
+    engine.destroy()
+    return compare({name: after[name] - before[name] for name in after}, expected)
+
+
+def scale_wrt_gas_type_error():
+    """A value other than True, False or None must be refused, not read as true or false."""
+    model = torch.nn.Sequential(*make_layers())
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=base_config(4, 2, 0.0))
+    engine.scale_wrt_gas = "no"
+    inputs, targets = global_batch(4)
+    try:
+        engine.backward(mse(engine(inputs), targets))
+    except TypeError as err:
+        return str(err)
+    finally:
+        engine.destroy()
+    return None
+
+
 def unscaled_backward_error(extra_config):
     """A plain loss.backward() would skip the loss scale: the engine must refuse it (None if it did not)."""
     model = torch.nn.Sequential(*make_layers())
@@ -175,6 +217,18 @@ CASES = {
     lambda: unscaled_backward_error(FP16_DYNAMIC),
     "zero1_fp16_dynamic_scale":
     over_splits(data_parallel_step, SPLITS, 0.0, dict(FP16_DYNAMIC, zero_optimization={"stage": 1})),
+    "trainer_scaled_zero0_fp32":
+    over_splits(trainer_scaled_step, SPLITS, 0.0, {}),
+    "trainer_scaled_zero2_fp32":
+    over_splits(trainer_scaled_step, SPLITS, 0.0, {"zero_optimization": {
+        "stage": 2
+    }}),
+    "trainer_scaled_zero2_fp32_tensor_backward":
+    over_splits(trainer_scaled_step, SPLITS, 0.0, {"zero_optimization": {
+        "stage": 2
+    }}, True),
+    "scale_wrt_gas_type_error":
+    scale_wrt_gas_type_error,
     "pipe2_fp32_clip_off":
     over_splits(pipeline_step, SPLITS, 0.0),
     "pipe2_fp32_clip_on":

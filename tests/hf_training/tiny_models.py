@@ -1,0 +1,50 @@
+# SPDX-License-Identifier: Apache-2.0
+
+# DeepSpeed Team
+"""Tiny causal LMs built from config (no hub download), seeded once and saved, reloaded per case."""
+
+import torch
+
+VOCAB_SIZE = 96
+PAD_TOKEN_ID = 0
+
+# Llama: untied head; Qwen3: tied head (as Qwen3's small checkpoints), q/k norms.
+CONFIGS = {
+    "llama":
+    dict(model_type="llama",
+         vocab_size=VOCAB_SIZE,
+         hidden_size=32,
+         intermediate_size=64,
+         num_hidden_layers=2,
+         num_attention_heads=4,
+         num_key_value_heads=2,
+         max_position_embeddings=64,
+         pad_token_id=PAD_TOKEN_ID,
+         tie_word_embeddings=False),
+    "qwen3":
+    dict(model_type="qwen3",
+         vocab_size=VOCAB_SIZE,
+         hidden_size=32,
+         intermediate_size=64,
+         num_hidden_layers=2,
+         num_attention_heads=4,
+         num_key_value_heads=2,
+         head_dim=8,
+         max_position_embeddings=64,
+         pad_token_id=PAD_TOKEN_ID,
+         tie_word_embeddings=True),
+}
+
+
+def save_seeded(model_name, directory, seed=0):
+    """Initialise ``model_name`` from its config with ``seed`` and save it to ``directory``."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+    settings = dict(CONFIGS[model_name])
+    config = AutoConfig.for_model(settings.pop("model_type"), **settings)
+    torch.manual_seed(seed)
+    AutoModelForCausalLM.from_config(config, attn_implementation="eager").save_pretrained(directory)
+
+
+def load(directory, dtype=torch.float32):
+    from transformers import AutoModelForCausalLM
+    return AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, attn_implementation="eager")
