@@ -1,0 +1,29 @@
+# SPDX-License-Identifier: Apache-2.0
+
+# DeepSpeed Team
+
+from .builder import CPUOpBuilder
+
+
+class FusedNormBuilder(CPUOpBuilder):
+    """Multi-tensor sum of squares (global L2 grad norm) on the CPU: SIMD lanes + OpenMP."""
+    BUILD_VAR = "DS_BUILD_FUSED_NORM"
+    NAME = "fused_norm"
+
+    def __init__(self):
+        super().__init__(name=self.NAME)
+
+    def absolute_name(self):
+        return f'deepspeed.ops.fused_norm.{self.NAME}_op'
+
+    def sources(self):
+        return [
+            'csrc/fused_norm/fused_norm_binding.cpp', 'csrc/fused_norm/fused_norm_plan.cpp',
+            'csrc/fused_norm/fused_norm_cpu.cpp'
+        ]
+
+    def include_paths(self):
+        return ['csrc/fused_norm']
+
+    def extra_ldflags(self):
+        return ['-fopenmp']
