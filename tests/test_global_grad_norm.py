@@ -1,0 +1,101 @@
+# SPDX-License-Identifier: Apache-2.0
+
+# DeepSpeed Team
+"""The global grad norm on every engine path: equal to fp64 PyTorch, reported, and ONE collective.
+
+tests/workers/global_grad_norm.py trains one global batch (2 ranks x micro-batch 2 x GAS 2) with the
+parameters in two optimizer groups and counts the reducing collectives inside the boundary
+``engine.step()`` (gradient reduction happens in backward). Regression tests for deepspeed 0.19.8
+(they fail on it, see tools/test-against-upstream): fp32 ZeRO-0 and the fp32 pipeline report no norm
+(``get_global_grad_norm()`` is None); pipeline stages with different numbers of parameter groups
+hang in the ZeRO-1 norm (one collective per group); the pipeline's gradient receive buffer comes
+back in the dtype of an earlier message.
+"""
+
+import pytest
+
+from helpers.launch import LaunchError, launch_cases
+from helpers.repo import REPO
+
+WORKER = REPO / "tests" / "workers" / "global_grad_norm.py"
+# fp32: the norm's own rounding (~1e-7 seen); bf16/fp16: the model's weights and grads are 8/11 bits.
+TOLERANCE = {"bf16": 2e-3, "fp16": 2e-3, "fp32": 1e-6}  # first match wins
+# Reducing collectives in the boundary step() (the optimizer step). 0 where each rank already holds the whole,
+# all-reduced gradient (no ZeRO partition, no model parallelism).
+COLLECTIVES = {
+    "zero0_fp32": 0,
+    "zero1_fp32": 1,
+    "zero2_fp32": 1,
+    "zero1_offload_fp32": 1,
+    "zero2_offload_fp32": 1,
+    "zero2_fp16": 1,  # the inf/nan check travels in the norm's collective
+    "zero1_bf16_fp32_accumulation": 0,  # BF16_Optimizer: full fp32 gradients on every rank
+    "zero2_bf16": 1,
+    "zero3_fp32": 1,
+    "zero3_offload_fp32": 1,
+}
+PIPELINE_CASES = ["pipeline_buffer_dtype", "pipeline_fp32_norm", "pipeline_tied_fp32_norm"]
+
+
+def tolerance(case):
+    return next(value for key, value in TOLERANCE.items() if key in case)
+
+
+@pytest.fixture(scope="module")
+def launched(extensions_dir):
+    return launch_cases(WORKER,
+                        nprocs=2,
+                        cases=[*COLLECTIVES, *PIPELINE_CASES],
+                        extensions_dir=extensions_dir,
+                        timeout=900)
+
+
+@pytest.mark.parametrize("case", sorted(COLLECTIVES))
+def test_norm_matches_fp64_reference(launched, case):
+    for rank, result in enumerate(launched.case(case)):
+        assert result["norm"] is not None, f"rank {rank}: get_global_grad_norm() is None"
+        error = abs(result["norm"] - result["reference_norm"]) / result["reference_norm"]
+        assert error <= tolerance(case), f"rank {rank}: norm {result['norm']} vs fp64 {result['reference_norm']}"
+
+
+@pytest.mark.fork_only
+@pytest.mark.parametrize("case", sorted(COLLECTIVES))
+def test_one_collective_per_step(launched, case):
+    for rank, result in enumerate(launched.case(case)):
+        assert result["collectives_in_boundary_step"] == COLLECTIVES[case], f"rank {rank}: {result}"
+        assert result["collectives_in_other_steps"] == [0], f"rank {rank}: {result}"
+
+
+def test_pipeline_fp32_reports_the_norm(launched):
+    for rank, result in enumerate(launched.case("pipeline_fp32_norm")):
+        assert result["norm"] is not None, f"rank {rank}: get_global_grad_norm() is None"
+        assert abs(result["norm"] - result["reference_norm"]) <= 1e-6 * result["reference_norm"]
+
+
+def test_pipeline_tied_weight_counts_once(launched):
+    """A weight tied across the 2 stages holds the same summed gradient on both: counted once."""
+    for rank, result in enumerate(launched.case("pipeline_tied_fp32_norm")):
+        assert result["norm"] is not None, f"rank {rank}: get_global_grad_norm() is None"
+        assert abs(result["norm"] - result["reference_norm"]) <= 1e-6 * result["reference_norm"], result
+
+
+def test_pipeline_gradient_buffer_takes_the_requested_dtype(launched):
+    for rank, dtypes in enumerate(launched.case("pipeline_buffer_dtype")):
+        assert dtypes == ["torch.float32", "torch.bfloat16"], f"rank {rank}: {dtypes}"
+
+
+def test_pipeline_stages_with_uneven_groups_do_not_hang(extensions_dir):
+    """Stage 0 holds 2 parameter groups, stage 1 holds 1 (ZeRO-1, fp32). A per-group collective
+    leaves the stages waiting on each other; the step must finish, with the fp64 norm."""
+    try:
+        launched = launch_cases(WORKER,
+                                nprocs=2,
+                                cases=["pipeline_uneven_groups"],
+                                extensions_dir=extensions_dir,
+                                timeout=240)
+    except LaunchError as err:
+        pytest.fail(f"2-stage pipeline with 2 and 1 parameter groups did not finish: {str(err)[:300]}")
+    results = launched.case("pipeline_uneven_groups")
+    assert sorted((r["stage"], r["groups"]) for r in results) == [(0, 2), (1, 1)]
+    for result in results:
+        assert abs(result["norm"] - result["reference_norm"]) <= 1e-6 * result["reference_norm"], result

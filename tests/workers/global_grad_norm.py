@@ -1,0 +1,336 @@
+# SPDX-License-Identifier: Apache-2.0
+
+# DeepSpeed Team
+"""Rank worker: the global grad norm per engine path: its value and how many all-reduces it costs.
+
+Every data-parallel case trains one global batch (2 ranks x micro-batch 2 x GAS 2) of a model whose
+parameters sit in TWO optimizer groups (weights, biases), counts the all-reduce calls made inside
+the boundary ``engine.step()`` (gradient reduction happens in backward, so what step() issues is the
+norm and the overflow check) and compares ``engine.get_global_grad_norm()`` with fp64 PyTorch.
+``pipeline_uneven_groups`` gives the two pipeline stages different numbers of groups (upstream
+issues one collective per group there, so the stages wait on each other forever).
+"""
+
+import copy
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+import deepspeed  # noqa: E402
+import deepspeed.comm as dist  # noqa: E402
+from helpers.rank_cases import run_cases  # noqa: E402
+
+IN, HIDDEN, OUT = 8, 16, 4
+MICRO, GAS = 2, 2
+REDUCING = ("all_reduce", "all_reduce_coalesced", "inference_all_reduce", "reduce")
+HOST_READS = ("item", "__bool__", "__float__")
+
+
+def make_layers(seed=1234):
+    torch.manual_seed(seed)
+    return [
+        torch.nn.Linear(IN, HIDDEN),
+        torch.nn.Tanh(),
+        torch.nn.Linear(HIDDEN, HIDDEN),
+        torch.nn.Tanh(),
+        torch.nn.Linear(HIDDEN, OUT)
+    ]
+
+
+def global_batch(size, seed=4321):
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(size, IN, generator=gen), torch.randn(size, OUT, generator=gen) * 3
+
+
+def mse(output, target):
+    return torch.nn.functional.mse_loss(output.float(), target.float())
+
+
+def reference_norm(layers, inputs, targets):
+    model = torch.nn.Sequential(*copy.deepcopy(layers)).double()
+    torch.nn.functional.mse_loss(model(inputs.double()), targets.double()).backward()
+    return float(torch.linalg.vector_norm(torch.cat([p.grad.flatten() for p in model.parameters()])))
+
+
+def two_groups(module):
+    params = [p for p in module.parameters() if p.requires_grad]
+    return [{"params": [p for p in params if p.dim() > 1]}, {"params": [p for p in params if p.dim() <= 1]}]
+
+
+class CollectiveCounter:
+    """Counts the reducing collectives of deepspeed.comm while active (the module functions are
+    wrapped; every DeepSpeed component calls them through the module), and the host reads of
+    tensor values (``item()``, ``bool()``, ``float()``: each a device sync on an accelerator)."""
+
+    def __init__(self):
+        self.calls = []
+        self.host_reads = 0
+        self._saved = {}
+        self._originals = {}
+
+    def _count_host_reads(self):
+        self._originals = {name: getattr(torch.Tensor, name) for name in HOST_READS}
+        for name, original in self._originals.items():
+
+            def counted(tensor, *args, _original=original, **kwargs):
+                self.host_reads += 1
+                return _original(tensor, *args, **kwargs)
+
+            setattr(torch.Tensor, name, counted)
+
+    def __enter__(self):
+        self._count_host_reads()
+        for name in REDUCING:
+            original = getattr(dist, name, None)
+            if original is None:
+                continue
+            self._saved[name] = original
+
+            def counted(*args, _name=name, _original=original, **kwargs):
+                self.calls.append(_name)
+                return _original(*args, **kwargs)
+
+            setattr(dist, name, counted)
+        return self
+
+    def __exit__(self, *exc):
+        for name, original in self._saved.items():
+            setattr(dist, name, original)
+        for name, original in self._originals.items():
+            setattr(torch.Tensor, name, original)
+
+
+def base_config(extra):
+    config = {
+        "train_micro_batch_size_per_gpu": MICRO,
+        "gradient_accumulation_steps": GAS,
+        "optimizer": {
+            "type": "SGD",
+            "params": {
+                "lr": 0.1
+            }
+        },
+        "zero_allow_untested_optimizer": True,
+        "zero_force_ds_cpu_optimizer": False,
+        "gradient_clipping": 1.0,
+    }
+    config.update(extra)
+    return config
+
+
+def data_parallel_case(extra):
+
+    def run():
+        layers = make_layers()
+        model = torch.nn.Sequential(*copy.deepcopy(layers))
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=two_groups(model), config=base_config(extra))
+        world, rank = dist.get_world_size(), dist.get_rank()
+        inputs, targets = global_batch(MICRO * GAS * world)
+        per_rank = MICRO * GAS
+        x, y = inputs[rank * per_rank:(rank + 1) * per_rank], targets[rank * per_rank:(rank + 1) * per_rank]
+        dtype = next(engine.module.parameters()).dtype
+        counts, host_reads = [], 0
+        for i in range(GAS):
+            engine.backward(mse(engine(x[i * MICRO:(i + 1) * MICRO].to(dtype)), y[i * MICRO:(i + 1) * MICRO]))
+            with CollectiveCounter() as counter:
+                engine.step()
+            counts.append(len(counter.calls))
+            host_reads = counter.host_reads
+        norm = engine.get_global_grad_norm()
+        engine.destroy()
+        return {
+            "collectives_in_boundary_step": counts[-1],
+            "collectives_in_other_steps": counts[:-1],
+            "host_reads_in_boundary_step": host_reads,
+            "parameters": len(list(model.parameters())),
+            "norm": None if norm is None else float(norm),
+            "reference_norm": reference_norm(layers, inputs, targets),
+        }
+
+    return run
+
+
+def pipeline_uneven_groups():
+    """2 stages, ZeRO-1, fp32: stage 0 puts its parameters in 2 groups, stage 1 in 1."""
+    from deepspeed.pipe import PipelineModule
+    layers = make_layers()
+    module = PipelineModule(layers=copy.deepcopy(layers), num_stages=2, loss_fn=mse, partition_method="uniform")
+    stage = module.stage_id
+    groups = two_groups(module) if stage == 0 else [{"params": [p for p in module.parameters()]}]
+    engine, *_ = deepspeed.initialize(model=module,
+                                      model_parameters=groups,
+                                      config=base_config({"zero_optimization": {
+                                          "stage": 1
+                                      }}))
+    inputs, targets = global_batch(MICRO * GAS)
+    with CollectiveCounter() as counter:
+        engine.train_batch(data_iter=iter([(inputs[i * MICRO:(i + 1) * MICRO], targets[i * MICRO:(i + 1) * MICRO])
+                                           for i in range(GAS)]))
+    norm = engine.get_global_grad_norm()
+    result = {
+        "stage": stage,
+        "groups": len(groups),
+        "norm": None if norm is None else float(norm),
+        "reference_norm": reference_norm(layers, inputs, targets),
+        "reducing_collectives_in_train_batch": len(counter.calls),
+    }
+    engine.destroy()
+    return result
+
+
+def pipeline_buffer_dtype():
+    """The receive buffer for gradients must come back in the dtype asked for, also when reused."""
+    from deepspeed.pipe import PipelineModule
+    module = PipelineModule(layers=make_layers(), num_stages=2, loss_fn=mse, partition_method="uniform")
+    engine, *_ = deepspeed.initialize(model=module,
+                                      model_parameters=[p for p in module.parameters()],
+                                      config=base_config({}))
+    first = engine._allocate_or_extend_buffers(0, (8, ), torch.float32)
+    second = engine._allocate_or_extend_buffers(0, (4, ), torch.bfloat16)
+    engine.destroy()
+    return [str(first.dtype), str(second.dtype)]
+
+
+def pipeline_fp32_norm():
+    """2 stages, no ZeRO, fp32, clipping on: the engine reports the global norm (upstream: None)."""
+    from deepspeed.pipe import PipelineModule
+    layers = make_layers()
+    module = PipelineModule(layers=copy.deepcopy(layers), num_stages=2, loss_fn=mse, partition_method="uniform")
+    engine, *_ = deepspeed.initialize(model=module,
+                                      model_parameters=[p for p in module.parameters()],
+                                      config=base_config({}))
+    inputs, targets = global_batch(MICRO * GAS)
+    engine.train_batch(data_iter=iter([(inputs[i * MICRO:(i + 1) * MICRO], targets[i * MICRO:(i + 1) * MICRO])
+                                       for i in range(GAS)]))
+    norm = engine.get_global_grad_norm()
+    engine.destroy()
+    return {"norm": None if norm is None else float(norm), "reference_norm": reference_norm(layers, inputs, targets)}
+
+
+def tied_specs():
+    """A weight used on both stages (bias-free, so the weight is all there is to tie)."""
+    from deepspeed.pipe import LayerSpec, TiedLayerSpec
+    return [
+        TiedLayerSpec("shared", torch.nn.Linear, IN, IN, bias=False),
+        LayerSpec(torch.nn.Tanh),
+        LayerSpec(torch.nn.Linear, IN, IN),
+        LayerSpec(torch.nn.Tanh),
+        TiedLayerSpec("shared", torch.nn.Linear, IN, IN, bias=False),
+        LayerSpec(torch.nn.Linear, IN, OUT),
+    ]
+
+
+def tied_reference_norm(inputs, targets, base_seed=1234):
+    """fp64 norm of the same network built in one piece: each layer seeded as PipelineModule's
+    seed_layers does, the tied weight built once (its first occurrence) and used twice."""
+    from deepspeed.runtime.utils import set_random_seed
+    built, tied = [], {}
+    for index, spec in enumerate(tied_specs()):
+        set_random_seed(base_seed + index)
+        key = getattr(spec, "key", None)
+        if key is None:
+            built.append(spec.build())
+        else:
+            tied.setdefault(key, spec.build())
+            built.append(tied[key])
+    model = torch.nn.Sequential(*built).double()
+    torch.nn.functional.mse_loss(model(inputs.double()), targets.double()).backward()
+    return float(torch.linalg.vector_norm(torch.cat([p.grad.flatten() for p in model.parameters()])))
+
+
+def pipeline_tied_fp32_norm():
+    """2 stages share one weight: its (all-reduced) gradient counts once in the norm, not per stage."""
+    from deepspeed.pipe import PipelineModule
+    module = PipelineModule(layers=tied_specs(),
+                            num_stages=2,
+                            loss_fn=mse,
+                            partition_method="uniform",
+                            seed_layers=True)
+    engine, *_ = deepspeed.initialize(model=module,
+                                      model_parameters=[p for p in module.parameters()],
+                                      config=base_config({}))
+    inputs, targets = global_batch(MICRO * GAS)
+    engine.train_batch(data_iter=iter([(inputs[i * MICRO:(i + 1) * MICRO], targets[i * MICRO:(i + 1) * MICRO])
+                                       for i in range(GAS)]))
+    norm = engine.get_global_grad_norm()
+    engine.destroy()
+    return {"norm": None if norm is None else float(norm), "reference_norm": tied_reference_norm(inputs, targets)}
+
+
+def force_fp16_on_cpu():
+    from deepspeed.accelerator import get_accelerator
+    get_accelerator().is_fp16_supported = lambda: True
+
+
+BF16_OPTIMIZER = {
+    "bf16": {
+        "enabled": True
+    },
+    "zero_optimization": {
+        "stage": 1
+    },
+    "data_types": {
+        "grad_accum_dtype": "fp32"
+    }
+}
+OFFLOAD = {"offload_optimizer": {"device": "cpu"}}
+
+# Pipeline cases last: the pipeline grid stays in deepspeed.utils.groups for the process's lifetime.
+CASES = {
+    "zero0_fp32":
+    data_parallel_case({}),
+    "zero1_fp32":
+    data_parallel_case({"zero_optimization": {
+        "stage": 1
+    }}),
+    "zero2_fp32":
+    data_parallel_case({"zero_optimization": {
+        "stage": 2
+    }}),
+    "zero2_offload_fp32":
+    data_parallel_case({"zero_optimization": dict(stage=2, **OFFLOAD)}),
+    "zero1_offload_fp32":
+    data_parallel_case({"zero_optimization": dict(stage=1, **OFFLOAD)}),
+    "zero2_fp16":
+    data_parallel_case({
+        "fp16": {
+            "enabled": True,
+            "initial_scale_power": 8
+        },
+        "zero_optimization": {
+            "stage": 2
+        }
+    }),
+    "zero1_bf16_fp32_accumulation":
+    data_parallel_case(BF16_OPTIMIZER),
+    "zero2_bf16":
+    data_parallel_case({
+        "bf16": {
+            "enabled": True
+        },
+        "zero_optimization": {
+            "stage": 2
+        }
+    }),
+    "zero3_fp32":
+    data_parallel_case({"zero_optimization": {
+        "stage": 3
+    }}),
+    "zero3_offload_fp32":
+    data_parallel_case({"zero_optimization": dict(stage=3, **OFFLOAD)}),
+    "pipeline_buffer_dtype":
+    pipeline_buffer_dtype,
+    "pipeline_tied_fp32_norm":
+    pipeline_tied_fp32_norm,
+    "pipeline_fp32_norm":
+    pipeline_fp32_norm,
+    "pipeline_uneven_groups":
+    pipeline_uneven_groups,
+}
+
+if __name__ == "__main__":
+    force_fp16_on_cpu()
+    run_cases(CASES)
