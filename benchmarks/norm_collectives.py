@@ -23,8 +23,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 
 CASES = [
-    "zero0_fp32", "zero1_fp32", "zero2_fp32", "zero1_offload_fp32", "zero2_offload_fp32", "zero2_fp16",
-    "zero1_bf16_fp32_accumulation", "zero2_bf16", "zero3_fp32", "zero3_offload_fp32"
+    "zero0_fp32", "zero0_fp16", "zero0_fp16_fused_adam", "zero1_fp32", "zero2_fp32", "zero1_offload_fp32",
+    "zero2_offload_fp32", "zero2_fp16", "zero1_bf16_fp32_accumulation", "zero2_bf16", "zero3_fp32",
+    "zero3_offload_fp32"
 ]
 
 

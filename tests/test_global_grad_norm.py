@@ -31,10 +31,12 @@ COLLECTIVES = {
     "zero2_fp16": 1,  # the inf/nan check travels in the norm's collective
     "zero1_bf16_fp32_accumulation": 0,  # BF16_Optimizer: full fp32 gradients on every rank
     "zero2_bf16": 1,
+    "zero0_fp16": 0,  # FP16_UnfusedOptimizer, data parallel only: the overflow flag needs no collective
+    "zero0_fp16_fused_adam": 0,  # FP16_Optimizer (FusedAdam)
     "zero3_fp32": 1,
     "zero3_offload_fp32": 1,
 }
-PIPELINE_CASES = ["pipeline_buffer_dtype", "pipeline_fp32_norm", "pipeline_tied_fp32_norm"]
+PIPELINE_CASES = ["pipeline_buffer_dtype", "pipeline_fp32_norm", "pipeline_tied_fp32_norm", "pipeline_fp16_norm"]
 
 
 def tolerance(case):
@@ -70,6 +72,21 @@ def test_pipeline_fp32_reports_the_norm(launched):
     for rank, result in enumerate(launched.case("pipeline_fp32_norm")):
         assert result["norm"] is not None, f"rank {rank}: get_global_grad_norm() is None"
         assert abs(result["norm"] - result["reference_norm"]) <= 1e-6 * result["reference_norm"]
+
+
+def test_pipeline_fp16_norm(launched):
+    """fp16 without ZeRO across 2 stages (FP16_UnfusedOptimizer, 2 groups per stage): the norm is the
+    fp64 one within fp16 rounding."""
+    for rank, result in enumerate(launched.case("pipeline_fp16_norm")):
+        assert abs(result["norm"] - result["reference_norm"]) <= TOLERANCE["fp16"] * result["reference_norm"], result
+
+
+@pytest.mark.fork_only
+def test_pipeline_fp16_collectives(launched):
+    """The norm and the overflow flag share one collective over the stages (upstream: one for the
+    flag and one per group); train_batch issues one more of its own, as with fp32."""
+    for rank, result in enumerate(launched.case("pipeline_fp16_norm")):
+        assert result["reducing_collectives_in_train_batch"] == 2, f"rank {rank}: {result}"
 
 
 def test_pipeline_tied_weight_counts_once(launched):

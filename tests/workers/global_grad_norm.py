@@ -146,6 +146,7 @@ def data_parallel_case(extra):
             "collectives_in_other_steps": counts[:-1],
             "host_reads_in_boundary_step": host_reads,
             "parameters": len(list(model.parameters())),
+            "optimizer": type(engine.optimizer).__name__,
             "norm": None if norm is None else float(norm),
             "reference_norm": reference_norm(layers, inputs, targets),
         }
@@ -179,6 +180,31 @@ def pipeline_uneven_groups():
     }
     engine.destroy()
     return result
+
+
+def pipeline_fp16_norm():
+    """2 stages, fp16 without ZeRO, 2 parameter groups on each stage: the norm and its collectives."""
+    from deepspeed.pipe import PipelineModule
+    layers = make_layers()
+    module = PipelineModule(layers=copy.deepcopy(layers), num_stages=2, loss_fn=mse, partition_method="uniform")
+    engine, *_ = deepspeed.initialize(model=module,
+                                      model_parameters=two_groups(module),
+                                      config=base_config({"fp16": {
+                                          "enabled": True,
+                                          "initial_scale_power": 8
+                                      }}))
+    inputs, targets = global_batch(MICRO * GAS)
+    batches = [(inputs[i * MICRO:(i + 1) * MICRO].half(), targets[i * MICRO:(i + 1) * MICRO].half())
+               for i in range(GAS)]
+    with CollectiveCounter() as counter:
+        engine.train_batch(data_iter=iter(batches))
+    norm = engine.get_global_grad_norm()
+    engine.destroy()
+    return {
+        "norm": None if norm is None else float(norm),
+        "reference_norm": reference_norm(layers, inputs, targets),
+        "reducing_collectives_in_train_batch": len(counter.calls),
+    }
 
 
 def pipeline_buffer_dtype():
@@ -315,6 +341,25 @@ CASES = {
             "stage": 2
         }
     }),
+    "zero0_fp16":
+    data_parallel_case({"fp16": {
+        "enabled": True,
+        "initial_scale_power": 8
+    }}),
+    "zero0_fp16_fused_adam":
+    data_parallel_case({
+        "fp16": {
+            "enabled": True,
+            "initial_scale_power": 8
+        },
+        "optimizer": {
+            "type": "Adam",
+            "params": {
+                "lr": 1e-3,
+                "torch_adam": False
+            }
+        }
+    }),
     "zero3_fp32":
     data_parallel_case({"zero_optimization": {
         "stage": 3
@@ -325,6 +370,8 @@ CASES = {
     pipeline_buffer_dtype,
     "pipeline_tied_fp32_norm":
     pipeline_tied_fp32_norm,
+    "pipeline_fp16_norm":
+    pipeline_fp16_norm,
     "pipeline_fp32_norm":
     pipeline_fp32_norm,
     "pipeline_uneven_groups":
