@@ -8,31 +8,19 @@ import torch
 VOCAB_SIZE = 96
 PAD_TOKEN_ID = 0
 
-# Llama: untied head; Qwen3: tied head (as Qwen3's small checkpoints), q/k norms.
+# Both: 2 layers, 4 query / 2 key-value heads of 8. Llama: untied head; Qwen3: tied head (as
+# Qwen3's small checkpoints), q/k norms.
+_SHARED = dict(vocab_size=VOCAB_SIZE,
+               hidden_size=32,
+               intermediate_size=64,
+               num_hidden_layers=2,
+               num_attention_heads=4,
+               num_key_value_heads=2,
+               max_position_embeddings=64,
+               pad_token_id=PAD_TOKEN_ID)
 CONFIGS = {
-    "llama":
-    dict(model_type="llama",
-         vocab_size=VOCAB_SIZE,
-         hidden_size=32,
-         intermediate_size=64,
-         num_hidden_layers=2,
-         num_attention_heads=4,
-         num_key_value_heads=2,
-         max_position_embeddings=64,
-         pad_token_id=PAD_TOKEN_ID,
-         tie_word_embeddings=False),
-    "qwen3":
-    dict(model_type="qwen3",
-         vocab_size=VOCAB_SIZE,
-         hidden_size=32,
-         intermediate_size=64,
-         num_hidden_layers=2,
-         num_attention_heads=4,
-         num_key_value_heads=2,
-         head_dim=8,
-         max_position_embeddings=64,
-         pad_token_id=PAD_TOKEN_ID,
-         tie_word_embeddings=True),
+    "llama": dict(_SHARED, model_type="llama", tie_word_embeddings=False),
+    "qwen3": dict(_SHARED, model_type="qwen3", head_dim=8, tie_word_embeddings=True),
 }
 
 

@@ -19,30 +19,9 @@ import torch  # noqa: E402
 import deepspeed  # noqa: E402
 import deepspeed.comm as dist  # noqa: E402
 from helpers.rank_cases import run_cases  # noqa: E402
+from helpers.small_model import global_batch, make_layers, micro_batches, mse, rank_share  # noqa: E402
 
 LR = 0.1
-IN, HIDDEN, OUT = 8, 16, 4
-
-
-def make_layers(seed=1234):
-    torch.manual_seed(seed)
-    return [
-        torch.nn.Linear(IN, HIDDEN),
-        torch.nn.Tanh(),
-        torch.nn.Linear(HIDDEN, HIDDEN),
-        torch.nn.Tanh(),
-        torch.nn.Linear(HIDDEN, OUT)
-    ]
-
-
-def global_batch(size, seed=4321):
-    """Inputs and targets that give every sample, so every micro-batch and rank, a different gradient."""
-    gen = torch.Generator().manual_seed(seed)
-    return torch.randn(size, IN, generator=gen), torch.randn(size, OUT, generator=gen) * 3
-
-
-def mse(output, target):
-    return torch.nn.functional.mse_loss(output.float(), target.float())
 
 
 def reference_update(layers, inputs, targets, clip):
@@ -95,11 +74,9 @@ def pipeline_step(micro, gas, clip):
                                       config=base_config(micro, gas, clip))
     dp, dp_rank = engine.grid.get_data_parallel_world_size(), engine.grid.get_data_parallel_id()
     inputs, targets = global_batch(micro * gas * dp)
-    per_rank = micro * gas
-    x, y = inputs[dp_rank * per_rank:(dp_rank + 1) * per_rank], targets[dp_rank * per_rank:(dp_rank + 1) * per_rank]
+    x, y = rank_share(inputs, targets, dp_rank, micro * gas)
     before = snapshot(engine.module)
-    engine.train_batch(data_iter=iter([(x[i * micro:(i + 1) * micro], y[i * micro:(i + 1) * micro])
-                                       for i in range(gas)]))
+    engine.train_batch(data_iter=iter(micro_batches(x, y, micro, gas)))
     after = snapshot(engine.module)
     expected, _ = reference_update(layers, inputs, targets, clip)
     observed = {name: after[name] - before[name] for name in after}
@@ -107,44 +84,27 @@ def pipeline_step(micro, gas, clip):
     return compare(observed, {name: expected[name] for name in observed})
 
 
-def data_parallel_step(micro, gas, clip, extra_config):
-    """nn.Sequential on every rank, engine.backward()/step() per micro-batch, one optimizer step."""
+def data_parallel_step(micro, gas, clip, extra_config, trainer_scaled=False, tensor_backward=False):
+    """nn.Sequential on every rank, a backward and step() per micro-batch, one optimizer step.
+
+    ``trainer_scaled``: the caller divides the loss by the GAS itself and sets
+    ``engine.scale_wrt_gas = False`` (fairseq's DeepSpeed trainer does): the engine must not divide a
+    second time. ``tensor_backward``: ``loss.backward()`` instead of ``engine.backward(loss)``.
+    """
     layers = make_layers()
     model = torch.nn.Sequential(*copy.deepcopy(layers))
     config = dict(base_config(micro, gas, clip), **extra_config)
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
-    world, rank = dist.get_world_size(), dist.get_rank()
-    inputs, targets = global_batch(micro * gas * world)
-    per_rank = micro * gas
-    x, y = inputs[rank * per_rank:(rank + 1) * per_rank], targets[rank * per_rank:(rank + 1) * per_rank]
+    if trainer_scaled:
+        engine.scale_wrt_gas = False
+    inputs, targets = global_batch(micro * gas * dist.get_world_size())
+    x, y = rank_share(inputs, targets, dist.get_rank(), micro * gas)
     dtype = next(engine.module.parameters()).dtype
     before = snapshot(engine.module)
-    for i in range(gas):
-        loss = mse(engine(x[i * micro:(i + 1) * micro].to(dtype)), y[i * micro:(i + 1) * micro])
-        engine.backward(loss)
-        engine.step()
-    after = snapshot(engine.module)
-    expected, _ = reference_update(layers, inputs, targets, clip)
-    engine.destroy()
-    return compare({name: after[name] - before[name] for name in after}, expected)
-
-
-def trainer_scaled_step(micro, gas, clip, extra_config, tensor_backward=False):
-    """A trainer that divides the loss by the GAS itself and sets ``engine.scale_wrt_gas = False`` (fairseq's
-    DeepSpeed trainer does): the engine must not divide a second time, in backward() or a direct
-    loss.backward()."""
-    layers = make_layers()
-    model = torch.nn.Sequential(*copy.deepcopy(layers))
-    config = dict(base_config(micro, gas, clip), **extra_config)
-    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
-    engine.scale_wrt_gas = False
-    world, rank = dist.get_world_size(), dist.get_rank()
-    inputs, targets = global_batch(micro * gas * world)
-    per_rank = micro * gas
-    x, y = inputs[rank * per_rank:(rank + 1) * per_rank], targets[rank * per_rank:(rank + 1) * per_rank]
-    before = snapshot(engine.module)
-    for i in range(gas):
-        loss = mse(engine(x[i * micro:(i + 1) * micro]), y[i * micro:(i + 1) * micro]) / gas
+    for batch, target in micro_batches(x, y, micro, gas):
+        loss = mse(engine(batch.to(dtype)), target)
+        if trainer_scaled:
+            loss = loss / gas
         if tensor_backward:
             loss.backward()
         else:
@@ -205,6 +165,7 @@ def over_splits(step, splits, *args):
 SPLITS = [(8, 1), (2, 4)]
 FP16_STATIC = {"fp16": {"enabled": True, "loss_scale": 256}}
 FP16_DYNAMIC = {"fp16": {"enabled": True, "loss_scale": 0, "initial_scale_power": 10}}
+ZERO2 = {"zero_optimization": {"stage": 2}}
 
 # Pipeline cases last: the pipeline grid stays in deepspeed.utils.groups for the process's lifetime
 # and would make later non-pipeline engines see a model-parallel world of 2.
@@ -218,15 +179,11 @@ CASES = {
     "zero1_fp16_dynamic_scale":
     over_splits(data_parallel_step, SPLITS, 0.0, dict(FP16_DYNAMIC, zero_optimization={"stage": 1})),
     "trainer_scaled_zero0_fp32":
-    over_splits(trainer_scaled_step, SPLITS, 0.0, {}),
+    over_splits(data_parallel_step, SPLITS, 0.0, {}, True),
     "trainer_scaled_zero2_fp32":
-    over_splits(trainer_scaled_step, SPLITS, 0.0, {"zero_optimization": {
-        "stage": 2
-    }}),
+    over_splits(data_parallel_step, SPLITS, 0.0, ZERO2, True),
     "trainer_scaled_zero2_fp32_tensor_backward":
-    over_splits(trainer_scaled_step, SPLITS, 0.0, {"zero_optimization": {
-        "stage": 2
-    }}, True),
+    over_splits(data_parallel_step, SPLITS, 0.0, ZERO2, True, True),
     "scale_wrt_gas_type_error":
     scale_wrt_gas_type_error,
     "pipe2_fp32_clip_off":

@@ -22,31 +22,11 @@ import torch  # noqa: E402
 import deepspeed  # noqa: E402
 import deepspeed.comm as dist  # noqa: E402
 from helpers.rank_cases import run_cases  # noqa: E402
+from helpers.small_model import IN, OUT, global_batch, make_layers, micro_batches, mse, rank_share  # noqa: E402
 
-IN, HIDDEN, OUT = 8, 16, 4
 MICRO, GAS = 2, 2
 REDUCING = ("all_reduce", "all_reduce_coalesced", "inference_all_reduce", "reduce")
 HOST_READS = ("item", "__bool__", "__float__")
-
-
-def make_layers(seed=1234):
-    torch.manual_seed(seed)
-    return [
-        torch.nn.Linear(IN, HIDDEN),
-        torch.nn.Tanh(),
-        torch.nn.Linear(HIDDEN, HIDDEN),
-        torch.nn.Tanh(),
-        torch.nn.Linear(HIDDEN, OUT)
-    ]
-
-
-def global_batch(size, seed=4321):
-    gen = torch.Generator().manual_seed(seed)
-    return torch.randn(size, IN, generator=gen), torch.randn(size, OUT, generator=gen) * 3
-
-
-def mse(output, target):
-    return torch.nn.functional.mse_loss(output.float(), target.float())
 
 
 def reference_norm(layers, inputs, targets):
@@ -127,14 +107,12 @@ def data_parallel_case(extra):
         layers = make_layers()
         model = torch.nn.Sequential(*copy.deepcopy(layers))
         engine, *_ = deepspeed.initialize(model=model, model_parameters=two_groups(model), config=base_config(extra))
-        world, rank = dist.get_world_size(), dist.get_rank()
-        inputs, targets = global_batch(MICRO * GAS * world)
-        per_rank = MICRO * GAS
-        x, y = inputs[rank * per_rank:(rank + 1) * per_rank], targets[rank * per_rank:(rank + 1) * per_rank]
+        inputs, targets = global_batch(MICRO * GAS * dist.get_world_size())
+        x, y = rank_share(inputs, targets, dist.get_rank(), MICRO * GAS)
         dtype = next(engine.module.parameters()).dtype
         counts, host_reads = [], 0
-        for i in range(GAS):
-            engine.backward(mse(engine(x[i * MICRO:(i + 1) * MICRO].to(dtype)), y[i * MICRO:(i + 1) * MICRO]))
+        for batch, target in micro_batches(x, y, MICRO, GAS):
+            engine.backward(mse(engine(batch.to(dtype)), target))
             with CollectiveCounter() as counter:
                 engine.step()
             counts.append(len(counter.calls))
@@ -154,63 +132,53 @@ def data_parallel_case(extra):
     return run
 
 
-def pipeline_uneven_groups():
-    """2 stages, ZeRO-1, fp32: stage 0 puts its parameters in 2 groups, stage 1 in 1."""
+def pipeline_module(layers, **kwargs):
     from deepspeed.pipe import PipelineModule
-    layers = make_layers()
-    module = PipelineModule(layers=copy.deepcopy(layers), num_stages=2, loss_fn=mse, partition_method="uniform")
-    stage = module.stage_id
-    groups = two_groups(module) if stage == 0 else [{"params": [p for p in module.parameters()]}]
-    engine, *_ = deepspeed.initialize(model=module,
-                                      model_parameters=groups,
-                                      config=base_config({"zero_optimization": {
-                                          "stage": 1
-                                      }}))
-    inputs, targets = global_batch(MICRO * GAS)
-    with CollectiveCounter() as counter:
-        engine.train_batch(data_iter=iter([(inputs[i * MICRO:(i + 1) * MICRO], targets[i * MICRO:(i + 1) * MICRO])
-                                           for i in range(GAS)]))
-    norm = engine.get_global_grad_norm()
-    result = {
-        "stage": stage,
-        "groups": len(groups),
-        "norm": None if norm is None else float(norm),
-        "reference_norm": reference_norm(layers, inputs, targets),
-        "reducing_collectives_in_train_batch": len(counter.calls),
-    }
-    engine.destroy()
-    return result
+    return PipelineModule(layers=layers, num_stages=2, loss_fn=mse, partition_method="uniform", **kwargs)
 
 
-def pipeline_fp16_norm():
-    """2 stages, fp16 without ZeRO, 2 parameter groups on each stage: the norm and its collectives."""
-    from deepspeed.pipe import PipelineModule
-    layers = make_layers()
-    module = PipelineModule(layers=copy.deepcopy(layers), num_stages=2, loss_fn=mse, partition_method="uniform")
+def train_pipeline_batch(module, model_parameters, extra_config, dtype=None):
+    """One train_batch() of the global batch: the reported norm and the reducing collectives issued."""
     engine, *_ = deepspeed.initialize(model=module,
-                                      model_parameters=two_groups(module),
-                                      config=base_config({"fp16": {
-                                          "enabled": True,
-                                          "initial_scale_power": 8
-                                      }}))
+                                      model_parameters=model_parameters,
+                                      config=base_config(extra_config))
     inputs, targets = global_batch(MICRO * GAS)
-    batches = [(inputs[i * MICRO:(i + 1) * MICRO].half(), targets[i * MICRO:(i + 1) * MICRO].half())
-               for i in range(GAS)]
     with CollectiveCounter() as counter:
-        engine.train_batch(data_iter=iter(batches))
+        engine.train_batch(data_iter=iter(micro_batches(inputs, targets, MICRO, GAS, dtype)))
     norm = engine.get_global_grad_norm()
     engine.destroy()
     return {
         "norm": None if norm is None else float(norm),
-        "reference_norm": reference_norm(layers, inputs, targets),
         "reducing_collectives_in_train_batch": len(counter.calls),
     }
 
 
+def pipeline_uneven_groups():
+    """2 stages, ZeRO-1, fp32: stage 0 puts its parameters in 2 groups, stage 1 in 1."""
+    layers = make_layers()
+    module = pipeline_module(copy.deepcopy(layers))
+    stage = module.stage_id
+    groups = two_groups(module) if stage == 0 else [{"params": [p for p in module.parameters()]}]
+    result = train_pipeline_batch(module, groups, {"zero_optimization": {"stage": 1}})
+    inputs, targets = global_batch(MICRO * GAS)
+    return dict(result, stage=stage, groups=len(groups), reference_norm=reference_norm(layers, inputs, targets))
+
+
+def pipeline_fp16_norm():
+    """2 stages, fp16 without ZeRO, 2 parameter groups on each stage: the norm and its collectives."""
+    layers = make_layers()
+    module = pipeline_module(copy.deepcopy(layers))
+    result = train_pipeline_batch(module, two_groups(module), {"fp16": {
+        "enabled": True,
+        "initial_scale_power": 8
+    }}, torch.half)
+    inputs, targets = global_batch(MICRO * GAS)
+    return dict(result, reference_norm=reference_norm(layers, inputs, targets))
+
+
 def pipeline_buffer_dtype():
     """The receive buffer for gradients must come back in the dtype asked for, also when reused."""
-    from deepspeed.pipe import PipelineModule
-    module = PipelineModule(layers=make_layers(), num_stages=2, loss_fn=mse, partition_method="uniform")
+    module = pipeline_module(make_layers())
     engine, *_ = deepspeed.initialize(model=module,
                                       model_parameters=[p for p in module.parameters()],
                                       config=base_config({}))
@@ -222,18 +190,11 @@ def pipeline_buffer_dtype():
 
 def pipeline_fp32_norm():
     """2 stages, no ZeRO, fp32, clipping on: the engine reports the global norm (upstream: None)."""
-    from deepspeed.pipe import PipelineModule
     layers = make_layers()
-    module = PipelineModule(layers=copy.deepcopy(layers), num_stages=2, loss_fn=mse, partition_method="uniform")
-    engine, *_ = deepspeed.initialize(model=module,
-                                      model_parameters=[p for p in module.parameters()],
-                                      config=base_config({}))
+    module = pipeline_module(copy.deepcopy(layers))
+    result = train_pipeline_batch(module, [p for p in module.parameters()], {})
     inputs, targets = global_batch(MICRO * GAS)
-    engine.train_batch(data_iter=iter([(inputs[i * MICRO:(i + 1) * MICRO], targets[i * MICRO:(i + 1) * MICRO])
-                                       for i in range(GAS)]))
-    norm = engine.get_global_grad_norm()
-    engine.destroy()
-    return {"norm": None if norm is None else float(norm), "reference_norm": reference_norm(layers, inputs, targets)}
+    return dict(result, reference_norm=reference_norm(layers, inputs, targets))
 
 
 def tied_specs():
@@ -269,21 +230,10 @@ def tied_reference_norm(inputs, targets, base_seed=1234):
 
 def pipeline_tied_fp32_norm():
     """2 stages share one weight: its (all-reduced) gradient counts once in the norm, not per stage."""
-    from deepspeed.pipe import PipelineModule
-    module = PipelineModule(layers=tied_specs(),
-                            num_stages=2,
-                            loss_fn=mse,
-                            partition_method="uniform",
-                            seed_layers=True)
-    engine, *_ = deepspeed.initialize(model=module,
-                                      model_parameters=[p for p in module.parameters()],
-                                      config=base_config({}))
+    module = pipeline_module(tied_specs(), seed_layers=True)
+    result = train_pipeline_batch(module, [p for p in module.parameters()], {})
     inputs, targets = global_batch(MICRO * GAS)
-    engine.train_batch(data_iter=iter([(inputs[i * MICRO:(i + 1) * MICRO], targets[i * MICRO:(i + 1) * MICRO])
-                                       for i in range(GAS)]))
-    norm = engine.get_global_grad_norm()
-    engine.destroy()
-    return {"norm": None if norm is None else float(norm), "reference_norm": tied_reference_norm(inputs, targets)}
+    return dict(result, reference_norm=tied_reference_norm(inputs, targets))
 
 
 def force_fp16_on_cpu():

@@ -1,0 +1,41 @@
+# SPDX-License-Identifier: Apache-2.0
+
+# DeepSpeed Team
+"""The small MLP and the batch that the engine workers train: the same layers and data for every
+path, so each worker compares its engine with plain PyTorch on identical inputs."""
+
+import torch
+
+IN, HIDDEN, OUT = 8, 16, 4
+
+
+def make_layers(seed=1234):
+    torch.manual_seed(seed)
+    return [
+        torch.nn.Linear(IN, HIDDEN),
+        torch.nn.Tanh(),
+        torch.nn.Linear(HIDDEN, HIDDEN),
+        torch.nn.Tanh(),
+        torch.nn.Linear(HIDDEN, OUT)
+    ]
+
+
+def global_batch(size, seed=4321):
+    """Inputs and targets that give every sample, so every micro-batch and rank, a different gradient."""
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(size, IN, generator=gen), torch.randn(size, OUT, generator=gen) * 3
+
+
+def mse(output, target):
+    return torch.nn.functional.mse_loss(output.float(), target.float())
+
+
+def rank_share(inputs, targets, rank, per_rank):
+    """The ``per_rank`` samples of ``rank``, in order."""
+    return inputs[rank * per_rank:(rank + 1) * per_rank], targets[rank * per_rank:(rank + 1) * per_rank]
+
+
+def micro_batches(inputs, targets, micro, count, dtype=None):
+    """``count`` consecutive (inputs, targets) micro-batches of ``micro`` samples, cast to ``dtype``."""
+    batches = [(inputs[i * micro:(i + 1) * micro], targets[i * micro:(i + 1) * micro]) for i in range(count)]
+    return batches if dtype is None else [(x.to(dtype), y.to(dtype)) for x, y in batches]
