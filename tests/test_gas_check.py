@@ -16,15 +16,17 @@ from pathlib import Path
 
 import pytest
 
+from helpers.gas_results import describe
 from helpers.launch import launch_cases
 from helpers.repo import REPO
 
 WORKER = REPO / "tests" / "workers" / "gas_checker.py"
 MUST_PASS = [
     "zero0_fp32", "zero1_fp32", "zero2_fp32", "zero3_fp32", "zero1_fp32_clip", "zero2_fp32_adamw_clip", "zero0_bf16",
-    "zero1_bf16", "zero2_bf16_clip", "zero1_bf16_fp32_accum_immediate", "zero0_fp16_static", "zero2_fp16_dynamic",
-    "zero1_offload_fp32", "zero2_offload_bf16_clip", "zero3_offload_fp32", "zero2_fp32_caller_divides",
-    "zero1_fp32_boundary_loop", "zero3_bf16_boundary_loop", "zero1_fp32_allreduce_sum",
+    "zero1_bf16", "zero2_bf16_clip", "zero1_bf16_fp32_accum_immediate", "zero0_fp16_static",
+    "zero0_fp16_fused_adam_clip", "zero0_fp16_adamw_weight_decay", "zero2_fp16_dynamic", "zero1_offload_fp32",
+    "zero2_offload_bf16_clip", "zero3_offload_fp32", "zero1_offload_fp32_clip", "zero3_offload_bf16_clip",
+    "zero2_fp32_caller_divides", "zero1_fp32_boundary_loop", "zero3_bf16_boundary_loop", "zero1_fp32_allreduce_sum",
     "zero2_bf16_allreduce_sum_clip", "zero0_fp32_unmanaged", "zero2_fp32_unmanaged", "pipe2_fp32_clip"
 ]
 
@@ -32,11 +34,6 @@ MUST_PASS = [
 @pytest.fixture(scope="module")
 def launched(extensions_dir):
     return launch_cases(WORKER, nprocs=2, extensions_dir=extensions_dir, timeout=1200)
-
-
-def describe(rows):
-    return "\n".join(f"{r['name']}: norm error {r['norm_error']:.2e}, update errors {r['update_errors']}, "
-                     f"{r['diagnosis']}" for r in rows)
 
 
 @pytest.mark.parametrize("case", MUST_PASS)

@@ -25,6 +25,8 @@ from helpers.rank_cases import run_cases  # noqa: E402
 NO_CLIP = {"gradient_clipping": 0.0}
 SGD = {"optimizer": {"type": "SGD", "params": {"lr": 0.1}}}
 ADAMW = {"optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.0, "torch_adam": True}}}
+# DeepSpeed's FusedAdam: with fp16 and no ZeRO it selects FP16_Optimizer (flat fp32 master weights).
+FUSED_ADAM = {"optimizer": {"type": "Adam", "params": {"lr": 1e-3}}}
 
 
 def zero(stage, **extra):
@@ -99,6 +101,21 @@ CONFIGS = {
     zero(2, gradient_clipping=0.5, **SGD, **BF16),
     "zero0_fp16_static":
     zero(0, **NO_CLIP, **SGD, **FP16_STATIC),
+    # fp16 without ZeRO: FP16_Optimizer (FusedAdam), FP16_UnfusedOptimizer (torch's AdamW).
+    "zero0_fp16_fused_adam_clip":
+    zero(0, gradient_clipping=0.5, **FUSED_ADAM, **FP16_STATIC),
+    "zero0_fp16_adamw_weight_decay":
+    zero(0,
+         **NO_CLIP,
+         optimizer={
+             "type": "AdamW",
+             "params": {
+                 "lr": 1e-3,
+                 "weight_decay": 0.1,
+                 "torch_adam": True
+             }
+         },
+         **FP16_STATIC),
     "zero2_fp16_dynamic":
     zero(2, **NO_CLIP, **SGD, **FP16_DYNAMIC),
     "zero0_bf16":
@@ -119,6 +136,12 @@ CONFIGS = {
     zero_offload(2, gradient_clipping=0.5, **SGD, **BF16),
     "zero3_offload_fp32":
     zero_offload(3, **NO_CLIP, **SGD),
+    # Clipping makes the optimizers scale the host-side fp32 gradients by the norm: on a GPU that
+    # norm must come back to the host (tests/test_cuda_engines.py).
+    "zero1_offload_fp32_clip":
+    zero_offload(1, gradient_clipping=0.5, **SGD),
+    "zero3_offload_bf16_clip":
+    zero_offload(3, gradient_clipping=0.5, **SGD, **BF16),
 }
 CASES = {name: (lambda config=config: check(config)) for name, config in CONFIGS.items()}
 CASES["zero2_fp32_caller_divides"] = lambda: with_backward(divides_itself, CONFIGS["zero2_fp32"])

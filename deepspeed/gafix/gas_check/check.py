@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass, field
 
 import torch
+from torch._utils import _unflatten_dense_tensors
 
 import deepspeed
 import deepspeed.comm as dist
@@ -76,10 +77,15 @@ def split_config(config, micro, gas):
 
 def master_weights(engine):
     """fp32 master weights as fp64, by parameter name (ZeRO partitions gathered: a collective)."""
-    # FP16_UnfusedOptimizer (fp16, ZeRO 0) keeps its fp32 copies beside the fp16 parameters.
+    # fp16 without ZeRO keeps fp32 copies beside the fp16 parameters: FP16_UnfusedOptimizer one per
+    # parameter, FP16_Optimizer (fused optimizers) one flat buffer per group. The fp16 parameters
+    # would round an update of lr 1e-3 to a few ulps.
+    optimizer = engine.optimizer
     masters = {}
-    for low, high in zip(getattr(engine.optimizer, "fp16_groups", []), getattr(engine.optimizer, "fp32_groups", [])):
+    for low, high in zip(getattr(optimizer, "fp16_groups", []), getattr(optimizer, "fp32_groups", [])):
         masters.update({id(p): q for p, q in zip(low, high)})
+    for low, flat in zip(getattr(optimizer, "fp16_groups", []), getattr(optimizer, "fp32_groups_flat", [])):
+        masters.update({id(p): q for p, q in zip(low, _unflatten_dense_tensors(flat, low))})
     weights = {}
     for name, param in engine.module.named_parameters():
         full = safe_get_full_fp32_param(param)

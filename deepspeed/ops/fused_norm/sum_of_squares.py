@@ -56,23 +56,27 @@ def sum_of_squares(tensors: Iterable[torch.Tensor],
     if implementation not in IMPLEMENTATIONS:
         raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}, got {implementation!r}")
     tensors = list(tensors)
-    for index, tensor in enumerate(tensors):
-        if tensor.dtype not in _DTYPES:
-            raise TypeError(f"tensor {index} has dtype {tensor.dtype}; supported: {_DTYPES}")
+    groups = _by_device(tensors)
     device = torch.device(device) if device is not None else (tensors[0].device if tensors else torch.device("cpu"))
     op = None if implementation == "torch" else load_op()
     if op is None and implementation == "op":
         raise RuntimeError("deepspeed fused_norm op unavailable (see the warning from load_op())")
 
+    results = []
+    for indices in groups.values():
+        group = [tensors[i] for i in indices]
+        if op is not None:
+            results.append(op.multi_tensor_sumsq(group, per_tensor))
+        else:
+            results.append(_foreach_sumsq(group, per_tensor))
+    if len(results) == 1 and results[0][0].device == device:
+        # The usual case, one device: no accumulation (this is called once per step, on the host's
+        # critical path; every extra op is a launch).
+        return SumOfSquares(*results[0][:2], per_tensor=results[0][2] if per_tensor else None)
     total = torch.zeros((), dtype=torch.float64, device=device)
     nonfinite = torch.zeros((), dtype=torch.bool, device=device)
     per = torch.zeros(len(tensors), dtype=torch.float64, device=device) if per_tensor else None
-    for tensor_device, indices in _by_device(tensors).items():
-        group = [tensors[i] for i in indices]
-        if op is not None:
-            group_total, group_nonfinite, group_per = op.multi_tensor_sumsq(group, per_tensor)
-        else:
-            group_total, group_nonfinite, group_per = _foreach_sumsq(group, per_tensor)
+    for indices, (group_total, group_nonfinite, group_per) in zip(groups.values(), results):
         total += group_total.to(device)
         nonfinite |= group_nonfinite.to(device)
         if per_tensor:
@@ -86,8 +90,11 @@ def l2_norm(tensors: Iterable[torch.Tensor], device=None, implementation: str = 
 
 
 def _by_device(tensors):
+    """Indices of ``tensors`` by device, in one pass that also checks every dtype."""
     groups = {}
     for index, tensor in enumerate(tensors):
+        if tensor.dtype not in _DTYPES:
+            raise TypeError(f"tensor {index} has dtype {tensor.dtype}; supported: {_DTYPES}")
         groups.setdefault(tensor.device, []).append(index)
     return groups
 
