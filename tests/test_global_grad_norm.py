@@ -35,6 +35,9 @@ COLLECTIVES = {
     "zero0_fp16_fused_adam": 0,  # FP16_Optimizer (FusedAdam)
     "zero3_fp32": 1,
     "zero3_offload_fp32": 1,
+    # 2 experts, one per rank (expert parallel 2), top-1: the expert partitions join the same sum.
+    "zero1_moe_fp32": 1,
+    "zero2_moe_fp32": 1,
 }
 PIPELINE_CASES = ["pipeline_buffer_dtype", "pipeline_fp32_norm", "pipeline_tied_fp32_norm", "pipeline_fp16_norm"]
 

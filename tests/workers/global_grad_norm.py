@@ -132,6 +132,90 @@ def data_parallel_case(extra):
     return run
 
 
+class MoENet(torch.nn.Module):
+    """Linear, a 2-expert top-1 MoE layer (one expert per rank: ep_size 2), linear. No token is
+    dropped, so routing per rank equals routing the whole batch at once."""
+
+    def __init__(self, hidden=16):
+        super().__init__()
+        from deepspeed.moe.layer import MoE
+        self.inp = torch.nn.Linear(IN, hidden)
+        self.moe = MoE(hidden_size=hidden,
+                       expert=torch.nn.Linear(hidden, hidden),
+                       num_experts=2,
+                       ep_size=2,
+                       k=1,
+                       min_capacity=0,
+                       drop_tokens=False,
+                       use_rts=False)
+        self.out = torch.nn.Linear(hidden, OUT)
+
+    def forward(self, x):
+        return self.out(self.moe(torch.relu(self.inp(x)))[0])
+
+
+def moe_reference_norm(model, inputs, targets):
+    """fp64 norm of the MoE network on the whole batch: the experts gathered from both ranks, each
+    sample sent to the expert of highest gate probability and scaled by that probability."""
+
+    def gathered(tensor):
+        parts = [torch.empty_like(tensor) for _ in range(dist.get_world_size())]
+        dist.all_gather(parts, tensor.detach().contiguous())
+        return [part.double().requires_grad_(True) for part in parts]
+
+    expert = model.moe.deepspeed_moe.experts.deepspeed_experts[0]
+    weights, biases = gathered(expert.weight), gathered(expert.bias)
+    own = [model.inp.weight, model.inp.bias, model.moe.deepspeed_moe.gate.wg.weight, model.out.weight, model.out.bias]
+    inp_w, inp_b, gate_w, out_w, out_b = [p.detach().double().requires_grad_(True) for p in own]
+    hidden = torch.relu(inputs.double() @ inp_w.T + inp_b)
+    probs = torch.softmax(hidden @ gate_w.T, dim=1)
+    chosen = probs.argmax(dim=1)
+    experts = torch.stack([hidden @ w.T + b for w, b in zip(weights, biases)], dim=1)
+    mixed = probs.gather(1, chosen[:, None]) * experts[torch.arange(len(inputs)), chosen]
+    torch.nn.functional.mse_loss(mixed @ out_w.T + out_b, targets.double()).backward()
+    grads = [p.grad.flatten() for p in [inp_w, inp_b, gate_w, out_w, out_b, *weights, *biases]]
+    return float(torch.linalg.vector_norm(torch.cat(grads)))
+
+
+def moe_case(stage):
+
+    def run():
+        from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
+        torch.manual_seed(0)
+        model = MoENet()
+        with torch.no_grad():  # a different expert on each rank
+            for param in model.moe.deepspeed_moe.experts.parameters():
+                param.add_(0.1 * (dist.get_rank() + 1))
+        inputs, targets = global_batch(MICRO * GAS * dist.get_world_size())
+        reference = moe_reference_norm(model, inputs, targets)
+        groups = split_params_into_different_moe_groups_for_optimizer({
+            "params": list(model.parameters()),
+            "name": "dense"
+        })
+        engine, *_ = deepspeed.initialize(model=model,
+                                          model_parameters=groups,
+                                          config=base_config({"zero_optimization": {
+                                              "stage": stage
+                                          }}))
+        x, y = rank_share(inputs, targets, dist.get_rank(), MICRO * GAS)
+        counts = []
+        for batch, target in micro_batches(x, y, MICRO, GAS):
+            engine.backward(mse(engine(batch), target))
+            with CollectiveCounter() as counter:
+                engine.step()
+            counts.append(len(counter.calls))
+        norm = engine.get_global_grad_norm()
+        engine.destroy()
+        return {
+            "collectives_in_boundary_step": counts[-1],
+            "collectives_in_other_steps": counts[:-1],
+            "norm": None if norm is None else float(norm),
+            "reference_norm": reference,
+        }
+
+    return run
+
+
 def pipeline_module(layers, **kwargs):
     from deepspeed.pipe import PipelineModule
     return PipelineModule(layers=layers, num_stages=2, loss_fn=mse, partition_method="uniform", **kwargs)
@@ -316,6 +400,10 @@ CASES = {
     }}),
     "zero3_offload_fp32":
     data_parallel_case({"zero_optimization": dict(stage=3, **OFFLOAD)}),
+    "zero1_moe_fp32":
+    moe_case(1),
+    "zero2_moe_fp32":
+    moe_case(2),
     "pipeline_buffer_dtype":
     pipeline_buffer_dtype,
     "pipeline_tied_fp32_norm":
