@@ -12,6 +12,8 @@ hang in the ZeRO-1 norm (one collective per group); the pipeline's gradient rece
 back in the dtype of an earlier message.
 """
 
+import math
+
 import pytest
 
 from helpers.launch import LaunchError, launch_cases
@@ -35,10 +37,12 @@ COLLECTIVES = {
     "zero0_fp16_fused_adam": 0,  # FP16_Optimizer (FusedAdam)
     "zero3_fp32": 1,
     "zero3_offload_fp32": 1,
+    "zero3_fp16": 1,  # the inf/nan check: an inf norm in the same collective
     # 2 experts, one per rank (expert parallel 2), top-1: the expert partitions join the same sum.
     "zero1_moe_fp32": 1,
     "zero2_moe_fp32": 1,
 }
+OVERFLOW_CASES = ["zero2_fp16_overflow", "zero3_fp16_overflow"]
 PIPELINE_CASES = ["pipeline_buffer_dtype", "pipeline_fp32_norm", "pipeline_tied_fp32_norm", "pipeline_fp16_norm"]
 
 
@@ -50,7 +54,7 @@ def tolerance(case):
 def launched(extensions_dir):
     return launch_cases(WORKER,
                         nprocs=2,
-                        cases=[*COLLECTIVES, *PIPELINE_CASES],
+                        cases=[*COLLECTIVES, *OVERFLOW_CASES, *PIPELINE_CASES],
                         extensions_dir=extensions_dir,
                         timeout=900)
 
@@ -69,6 +73,16 @@ def test_one_collective_per_step(launched, case):
     for rank, result in enumerate(launched.case(case)):
         assert result["collectives_in_boundary_step"] == COLLECTIVES[case], f"rank {rank}: {result}"
         assert result["collectives_in_other_steps"] == [0], f"rank {rank}: {result}"
+
+
+@pytest.mark.parametrize("case", OVERFLOW_CASES)
+def test_fp16_overflow_on_one_rank_skips_the_step_on_every_rank(launched, case):
+    """One rank's inf loss: no rank applies the step or grows the loss scale; the next batch steps."""
+    for rank, (poisoned, clean) in enumerate(launched.case(case)):
+        assert not poisoned["weights_changed"] and poisoned["skipped_steps"] == 1, f"rank {rank}: {poisoned}"
+        assert poisoned["scale"][1] <= poisoned["scale"][0], f"rank {rank}: {poisoned}"
+        assert clean["weights_changed"] and clean["skipped_steps"] == 1, f"rank {rank}: {clean}"
+        assert math.isfinite(clean["norm"]), f"rank {rank}: {clean}"
 
 
 def test_pipeline_fp32_reports_the_norm(launched):

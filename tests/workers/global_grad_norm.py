@@ -132,6 +132,44 @@ def data_parallel_case(extra):
     return run
 
 
+def overflow_case(stage):
+    """fp16 with a dynamic loss scale: rank 1's last micro-batch loss is inf, so the step must be
+    skipped on every rank (weights unchanged, scale halved, the norm reported as inf), and the next
+    global batch, all finite, applied with a finite norm."""
+
+    def run():
+        from deepspeed.utils import safe_get_full_fp32_param
+        layers = make_layers()
+        model = torch.nn.Sequential(*copy.deepcopy(layers))
+        fp16 = {"fp16": {"enabled": True, "initial_scale_power": 8}, "zero_optimization": {"stage": stage}}
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=two_groups(model), config=base_config(fp16))
+        inputs, targets = global_batch(MICRO * GAS * dist.get_world_size())
+        x, y = rank_share(inputs, targets, dist.get_rank(), MICRO * GAS)
+
+        def weights():
+            return torch.cat([safe_get_full_fp32_param(p).flatten() for p in engine.module.parameters()])
+
+        steps = []
+        for poisoned in (True, False):
+            before, scale = weights(), engine.optimizer.loss_scale
+            for i, (batch, target) in enumerate(micro_batches(x, y, MICRO, GAS, torch.half)):
+                loss = mse(engine(batch), target)
+                if poisoned and i == GAS - 1 and dist.get_rank() == 1:
+                    loss = loss * float("inf")
+                engine.backward(loss)
+                engine.step()
+            steps.append({
+                "weights_changed": not torch.equal(before, weights()),
+                "scale": [float(scale), float(engine.optimizer.loss_scale)],
+                "norm": float(engine.get_global_grad_norm()),
+                "skipped_steps": engine.skipped_steps,
+            })
+        engine.destroy()
+        return steps
+
+    return run
+
+
 class MoENet(torch.nn.Module):
     """Linear, a 2-expert top-1 MoE layer (one expert per rank: ep_size 2), linear. No token is
     dropped, so routing per rank equals routing the whole batch at once."""
@@ -400,6 +438,20 @@ CASES = {
     }}),
     "zero3_offload_fp32":
     data_parallel_case({"zero_optimization": dict(stage=3, **OFFLOAD)}),
+    "zero3_fp16":
+    data_parallel_case({
+        "fp16": {
+            "enabled": True,
+            "initial_scale_power": 8
+        },
+        "zero_optimization": {
+            "stage": 3
+        }
+    }),
+    "zero2_fp16_overflow":
+    overflow_case(2),
+    "zero3_fp16_overflow":
+    overflow_case(3),
     "zero1_moe_fp32":
     moe_case(1),
     "zero2_moe_fp32":
