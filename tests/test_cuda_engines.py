@@ -22,8 +22,8 @@ WORKER = REPO / "tests" / "workers" / "gas_checker.py"
 CASES = [
     "zero0_fp32", "zero0_bf16", "zero0_fp16_static", "zero0_fp16_fused_adam_clip", "zero1_bf16",
     "zero1_bf16_fp32_accum_immediate", "zero2_bf16_clip", "zero2_fp16_dynamic", "zero2_fp32_adamw_clip", "zero3_fp32",
-    "zero3_bf16_boundary_loop", "zero1_offload_fp32_clip", "zero2_offload_bf16_clip", "zero3_offload_fp32",
-    "zero3_offload_bf16_clip"
+    "zero3_bf16_boundary_loop", "zero3_fp16_scale_growth", "zero1_offload_fp32_clip", "zero2_offload_bf16_clip",
+    "zero3_offload_fp32", "zero3_offload_bf16_clip"
 ]
 
 
