@@ -62,13 +62,8 @@ def sum_of_squares(tensors: Iterable[torch.Tensor],
     if op is None and implementation == "op":
         raise RuntimeError("deepspeed fused_norm op unavailable (see the warning from load_op())")
 
-    results = []
-    for indices in groups.values():
-        group = [tensors[i] for i in indices]
-        if op is not None:
-            results.append(op.multi_tensor_sumsq(group, per_tensor))
-        else:
-            results.append(_foreach_sumsq(group, per_tensor))
+    sumsq = op.multi_tensor_sumsq if op is not None else _foreach_sumsq
+    results = [sumsq([tensors[i] for i in indices], per_tensor) for indices in groups.values()]
     if len(results) == 1 and results[0][0].device == device:
         # The usual case, one device: no accumulation (this is called once per step, on the host's
         # critical path; every extra op is a launch).
