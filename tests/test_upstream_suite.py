@@ -1,0 +1,244 @@
+# SPDX-License-Identifier: Apache-2.0
+
+# DeepSpeed Team
+"""Upstream DeepSpeed's own tests on the fork: the runner (tools/upstream_suite) and the patch tier.
+
+The patch tier runs upstream's test files that exercise what our patches touch, on the installed fork,
+and compares every outcome with pristine 0.19.8's, replayed from the recorded baseline
+(tools/upstream_suite/baselines/patch.json). Any regression fails the test. In CI the upstream tests
+directory must be there: a missing one fails instead of skipping.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers.repo import REPO
+
+sys.path.insert(0, str(REPO / "tools"))
+from upstream_suite import baseline  # noqa: E402
+from upstream_suite.classify import BOTH_FAIL, BOTH_PASS, BOTH_SKIP, FIXED, ONLY_FORK, REGRESSION  # noqa: E402
+from upstream_suite.classify import category_of, compare  # noqa: E402
+from upstream_suite.execute import Side, Unit, run_unit  # noqa: E402
+from upstream_suite.outcomes import OutcomeMismatch, SideOutcomes  # noqa: E402
+
+
+@pytest.mark.parametrize("fork, pristine, category", [
+    ("passed", "passed", BOTH_PASS),
+    ("failed", "passed", REGRESSION),
+    ("error", "passed", REGRESSION),
+    ("timeout", "passed", REGRESSION),
+    ("crashed", "xfailed", REGRESSION),
+    ("skipped", "passed", REGRESSION),
+    ("failed", "skipped", REGRESSION),
+    (None, "passed", REGRESSION),
+    ("passed", "failed", FIXED),
+    ("passed", "skipped", FIXED),
+    ("failed", "error", BOTH_FAIL),
+    ("skipped", "failed", BOTH_FAIL),
+    ("skipped", "skipped", BOTH_SKIP),
+    (None, "skipped", BOTH_SKIP),
+    ("passed", None, ONLY_FORK),
+    ("xpassed", "passed", REGRESSION),
+    ("something new", "passed", REGRESSION),
+])
+def test_categories(fork, pristine, category):
+    assert category_of(fork, pristine) == category
+
+
+def test_compare_names_the_reason():
+    fork = {"a": {"outcome": "failed", "reason": "AssertionError: 2 != 3"}, "b": {"outcome": "passed", "reason": ""}}
+    pristine = {"a": {"outcome": "passed", "reason": ""}, "b": {"outcome": "passed", "reason": ""}}
+    rows = compare(fork, pristine)
+    assert [(row.test_id, row.category, row.reason) for row in rows] == [
+        ("a", REGRESSION, "AssertionError: 2 != 3"),
+        ("b", BOTH_PASS, ""),
+    ]
+
+
+SYNTHETIC_TESTS = '''
+import os
+import time
+
+import pytest
+
+
+def test_passes():
+    pass
+
+
+def test_fails():
+    assert 1 == 2, "one is not two"
+
+
+def test_skips():
+    pytest.skip("not on this machine")
+
+
+@pytest.mark.xfail(reason="known")
+def test_xfails():
+    assert False
+
+
+def test_hangs():
+    time.sleep(600)
+
+
+def test_crashes():
+    os._exit(3)
+
+
+def test_after_the_crash():
+    pass
+
+
+@pytest.fixture
+def broken():
+    raise RuntimeError("fixture broke")
+
+
+def test_setup_error(broken):
+    pass
+'''
+
+
+def synthetic_tree(root):
+    tests = root / "tests"
+    (tests / "unit").mkdir(parents=True)
+    (tests / "unit" / "test_synthetic.py").write_text(SYNTHETIC_TESTS)
+    (tests / "unit" / "test_broken_import.py").write_text("import no_such_module_here\n")
+    return tests
+
+
+def test_runner_records_every_outcome_and_survives_hangs_and_crashes(tmp_path):
+    tests = synthetic_tree(tmp_path)
+    side = Side("fork", sys.executable, tmp_path / "ext", package_dir=str(tmp_path))
+    outcomes = SideOutcomes(tmp_path / "results.json", {"who": "test"})
+    for unit in (Unit("unit/test_synthetic.py"), Unit("unit/test_broken_import.py")):
+        run_unit(side, unit, tests, outcomes, timeout_s=8, log_dir=tmp_path / "logs", local_size=0)
+    got = {test_id.split("::")[-1]: result["outcome"] for test_id, result in outcomes.tests.items()}
+    assert got == {
+        "test_passes": "passed",
+        "test_fails": "failed",
+        "test_skips": "skipped",
+        "test_xfails": "xfailed",
+        "test_hangs": "timeout",
+        "test_crashes": "crashed",
+        "test_after_the_crash": "passed",
+        "test_setup_error": "error",
+        "unit/test_broken_import.py": "error",
+    }
+    reasons = {test_id.split("::")[-1]: result["reason"] for test_id, result in outcomes.tests.items()}
+    assert "one is not two" in reasons["test_fails"]
+    assert "not on this machine" in reasons["test_skips"]
+    assert "no_such_module_here" in reasons["unit/test_broken_import.py"]
+
+    # Resumed from its file: nothing runs again (a hang would cost another 8 s).
+    resumed = SideOutcomes(tmp_path / "results.json", {"who": "test"})
+    assert resumed.tests == outcomes.tests and resumed.done_units == outcomes.done_units
+    with pytest.raises(OutcomeMismatch, match="who"):
+        SideOutcomes(tmp_path / "results.json", {"who": "someone else"})
+
+
+def test_an_unfinished_unit_resumes_without_rerunning_what_has_an_outcome(tmp_path):
+    tests = synthetic_tree(tmp_path)
+    side = Side("fork", sys.executable, tmp_path / "ext", package_dir=str(tmp_path))
+    outcomes = SideOutcomes(tmp_path / "results.json", {"who": "test"})
+    hang_id = "unit/test_synthetic.py::test_hangs"
+    outcomes.record(hang_id, "timeout", "killed in an earlier sitting", 8.0, "unit/test_synthetic.py")
+    run_unit(side,
+             Unit("unit/test_synthetic.py"),
+             tests,
+             outcomes,
+             timeout_s=60,
+             log_dir=tmp_path / "logs",
+             local_size=0)
+    assert outcomes.tests[hang_id]["reason"] == "killed in an earlier sitting"
+    assert outcomes.tests["unit/test_synthetic.py::test_after_the_crash"]["outcome"] == "passed"
+
+
+def identity(**changes):
+    keys = dict.fromkeys(baseline.KEYS, "x")
+    keys.update(changes)
+    return keys
+
+
+def test_baseline_is_refused_for_another_setup_or_a_missing_unit(tmp_path):
+    outcomes = SideOutcomes(None, {})
+    outcomes.record("unit/a.py::t", "passed", "", 1.0, "unit/a.py")
+    outcomes.mark_done("unit/a.py")
+    path = tmp_path / "patch.json"
+    baseline.record(path, identity(), outcomes, ["unit/a.py"])
+    assert baseline.load(path, identity(), ["unit/a.py"]) == {"unit/a.py::t": outcomes.tests["unit/a.py::t"]}
+    with pytest.raises(baseline.BaselineError, match="tests_sha256"):
+        baseline.load(path, identity(tests_sha256="y"), ["unit/a.py"])
+    with pytest.raises(baseline.BaselineError, match="pin_sha256"):
+        baseline.load(path, identity(pin_sha256="y"), ["unit/a.py"])
+    with pytest.raises(baseline.BaselineError, match="lacks 1 unit"):
+        baseline.load(path, identity(), ["unit/a.py", "unit/b.py"])
+    with pytest.raises(baseline.BaselineError, match="did not finish"):
+        baseline.record(path, identity(), outcomes, ["unit/a.py", "unit/b.py"])
+
+
+def test_tree_hash_follows_content(tmp_path):
+    tests = synthetic_tree(tmp_path)
+    before = baseline.tree_sha256(tests)
+    (tests / "unit" / "__pycache__").mkdir()
+    (tests / "unit" / "__pycache__" / "x.pyc").write_bytes(b"cache")
+    assert baseline.tree_sha256(tests) == before
+    (tests / "unit" / "test_synthetic.py").write_text(SYNTHETIC_TESTS + "\n")
+    assert baseline.tree_sha256(tests) != before
+
+
+def upstream_tests_or_skip():
+    from upstream_suite.cli import SetupError, upstream_tests_dir
+    try:
+        return upstream_tests_dir(None)
+    except SetupError as err:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must run upstream's patch tier: {err}")
+        pytest.skip(str(err))
+
+
+@pytest.mark.fork_only
+def test_patch_tier_has_no_regression(tmp_path):
+    """Upstream's tests of what the patches touch: fork vs pristine 0.19.8's recorded outcomes."""
+    upstream_tests_or_skip()
+    report = tmp_path / "patch-tier.md"
+    proc = subprocess.run([
+        sys.executable,
+        str(REPO / "tools" / "run-upstream-suite"), "--tier", "patch", "--pristine-baseline", "--work-dir",
+        str(tmp_path / "work"), "--report",
+        str(report), "--timeout", "300"
+    ],
+                          stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT,
+                          text=True)
+    print(proc.stdout[-20000:])
+    assert proc.returncode == 0, proc.stdout[-6000:]
+    summary = json.loads(report.with_suffix(".json").read_text())
+    assert summary["categories"]["regression"] == 0
+    assert summary["sides"]["fork"]["passed"] > 0, "the patch tier ran no passing test: nothing was checked"
+
+
+def test_patch_tier_files_exist_upstream():
+    """Every file the patch tier names is in upstream's tests (a renamed file must not drop out silently)."""
+    tests = upstream_tests_or_skip()
+    from upstream_suite.tiers import PATCH_TIER
+    missing = [covered.unit.path for covered in PATCH_TIER if not (Path(tests) / covered.unit.path).is_file()]
+    assert not missing
+
+
+def test_runner_refuses_a_missing_tests_directory(tmp_path):
+    proc = subprocess.run(
+        [sys.executable,
+         str(REPO / "tools" / "run-upstream-suite"), "--tests",
+         str(tmp_path / "nowhere")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True)
+    assert proc.returncode == 2 and "no upstream tests directory" in proc.stdout, proc.stdout

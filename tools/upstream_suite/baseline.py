@@ -1,0 +1,77 @@
+# SPDX-License-Identifier: Apache-2.0
+
+# DeepSpeed Team
+"""Pristine upstream's outcomes, recorded once and replayed, so CI runs only the fork's side.
+
+Pristine's outcomes depend only on the pin (upstream.json's sdist sha256), upstream's tests tree and
+the environment that runs them (torch, pytest, Python, LOCAL_SIZE). A baseline stores them with exactly those
+keys and is refused when any differs, or when it lacks a unit of the tier: re-record it then
+(``tools/run-upstream-suite --tier patch --record-baseline``).
+"""
+
+import hashlib
+import json
+from pathlib import Path
+
+BASELINE_DIR = Path(__file__).resolve().parent / "baselines"
+# What must match between the recording and the run that replays it.
+KEYS = ("pin_sha256", "pristine_version", "tests_sha256", "torch", "pytest", "python", "local_size")
+
+
+class BaselineError(Exception):
+    """The baseline is missing, stale, or does not cover the tier."""
+
+
+def tree_sha256(tests_dir):
+    """One hash of every file under the tests tree (relative path and content), caches excluded."""
+    root = Path(tests_dir)
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*")):
+        if not path.is_file() or "__pycache__" in path.parts or path.suffix == ".pyc":
+            continue
+        digest.update(str(path.relative_to(root)).encode() + b"\0")
+        digest.update(hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()
+
+
+def default_path(tier):
+    return BASELINE_DIR / f"{tier}.json"
+
+
+def record(path, identity, outcomes, unit_keys):
+    missing = [key for key in unit_keys if key not in outcomes.done_units]
+    if missing:
+        raise BaselineError(f"pristine did not finish {len(missing)} unit(s) ({missing[0]} ...): nothing recorded")
+    data = {
+        "keys": {
+            key: identity[key]
+            for key in KEYS
+        },
+        "units": sorted(unit_keys),
+        "tests": {
+            test_id: result
+            for test_id, result in outcomes.tests.items() if result["unit"] in unit_keys
+        },
+    }
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+
+
+def load(path, identity, unit_keys):
+    """The recorded pristine outcomes ({test id: result}) for these units; raises when unusable."""
+    path = Path(path)
+    if not path.exists():
+        raise BaselineError(f"no pristine baseline at {path}: record one with --record-baseline {path}")
+    data = json.loads(path.read_text())
+    stale = [
+        f"{key}: recorded {data['keys'].get(key)!r}, now {identity[key]!r}" for key in KEYS
+        if data["keys"].get(key) != identity[key]
+    ]
+    if stale:
+        raise BaselineError(f"pristine baseline {path} was recorded for another setup ({'; '.join(stale)}): "
+                            "re-record it with --record-baseline, or run the pristine side")
+    lacking = [key for key in unit_keys if key not in data["units"]]
+    if lacking:
+        raise BaselineError(f"pristine baseline {path} lacks {len(lacking)} unit(s) of this run ({lacking[0]} ...): "
+                            "re-record it with --record-baseline")
+    return {test_id: result for test_id, result in data["tests"].items() if result["unit"] in unit_keys}

@@ -1,0 +1,77 @@
+# SPDX-License-Identifier: Apache-2.0
+
+# DeepSpeed Team
+"""Compare the two sides test by test.
+
+A test is a **regression** when the fork does worse than pristine upstream: fails (or errors, times
+out, crashes) where pristine passes or skips, skips where pristine passes, or is missing where pristine
+has an outcome (the fork could not even collect it). Losing a passing test to a skip counts: the gate
+must never turn a lost check into a green line.
+"""
+
+from collections import Counter
+from dataclasses import dataclass
+
+from upstream_suite.outcomes import kind_of
+
+REGRESSION = "regression"
+FIXED = "fixed"
+BOTH_FAIL = "both fail"
+BOTH_SKIP = "both skip"
+BOTH_PASS = "both pass"
+ONLY_FORK = "only on the fork"  # pristine has no outcome: e.g. a test of a unit pristine was not asked to run
+CATEGORIES = (REGRESSION, FIXED, BOTH_FAIL, BOTH_SKIP, BOTH_PASS, ONLY_FORK)
+
+
+@dataclass(frozen=True)
+class Row:
+    test_id: str
+    category: str
+    fork: str  # outcome, or "" when absent
+    pristine: str
+    reason: str  # the reason that explains the category (the fork's for a regression)
+
+
+def category_of(fork, pristine):
+    if pristine is None:
+        return ONLY_FORK
+    theirs = kind_of(pristine)
+    if fork is None:
+        return REGRESSION if theirs != "skip" else BOTH_SKIP
+    ours = kind_of(fork)
+    if ours == theirs:
+        return {"ok": BOTH_PASS, "bad": BOTH_FAIL, "skip": BOTH_SKIP}[ours]
+    if ours == "bad" or (ours == "skip" and theirs == "ok"):
+        return REGRESSION
+    if ours == "ok":
+        return FIXED
+    return BOTH_FAIL  # fork skips where pristine fails: neither passes
+
+
+def compare(fork_tests, pristine_tests):
+    """Rows for every test id either side has, sorted by id. ``*_tests`` map id -> {outcome, reason}."""
+    rows = []
+    for test_id in sorted(set(fork_tests) | set(pristine_tests)):
+        ours, theirs = fork_tests.get(test_id), pristine_tests.get(test_id)
+        fork = ours["outcome"] if ours else None
+        pristine = theirs["outcome"] if theirs else None
+        category = category_of(fork, pristine)
+        if ours is None:
+            reason = "not collected on the fork"
+        elif category in (REGRESSION, ONLY_FORK) or theirs is None:
+            reason = ours["reason"]
+        else:
+            reason = theirs["reason"] or ours["reason"]
+        rows.append(Row(test_id, category, fork or "", pristine or "", reason))
+    return rows
+
+
+def side_counts(tests):
+    """run / passed / failed / skipped of one side (xfailed counts as passed, xpassed as failed)."""
+    kinds = Counter(kind_of(result["outcome"]) for result in tests.values())
+    return {"run": len(tests), "passed": kinds["ok"], "failed": kinds["bad"], "skipped": kinds["skip"]}
+
+
+def category_counts(rows):
+    counts = Counter(row.category for row in rows)
+    return {category: counts[category] for category in CATEGORIES}

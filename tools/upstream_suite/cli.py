@@ -1,0 +1,245 @@
+# SPDX-License-Identifier: Apache-2.0
+
+# DeepSpeed Team
+"""Run upstream DeepSpeed's own tests on the fork and on pristine upstream, and compare them.
+
+  tools/run-upstream-suite --tier patch                      both sides, then the comparison
+  tools/run-upstream-suite --tier patch --pristine-baseline  fork side only, pristine from the recorded baseline
+  tools/run-upstream-suite --tier patch --record-baseline    both sides; store pristine's outcomes as the baseline
+  tools/run-upstream-suite --files unit/comm/test_dist.py -k broadcast   any selection
+
+Exit status: 0 no regression, 1 at least one regression, 2 a setup error (named on stderr).
+Results resume: rerunning with the same --work-dir skips every test that already has an outcome.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from upstream_suite import baseline, report, tiers
+from upstream_suite.classify import REGRESSION, compare
+from upstream_suite.execute import Side, Unit, run_unit
+from upstream_suite.outcomes import OutcomeMismatch, SideOutcomes
+
+REPO = Path(__file__).resolve().parent.parent.parent
+TESTS_VAR = "DS_GAFIX_UPSTREAM_TESTS"
+
+
+class SetupError(Exception):
+    """Wrong input: the message names the option, file or interpreter at fault."""
+
+
+def upstream_tests_dir(given):
+    """--tests, else DS_GAFIX_UPSTREAM_TESTS, else ../shared/deepspeed-tests beside the repository."""
+    candidates = [given] if given else [os.environ.get(TESTS_VAR), str(REPO.parent / "shared" / "deepspeed-tests")]
+    for candidate in candidates:
+        if candidate and (Path(candidate) / "unit" / "common.py").is_file():
+            return Path(candidate).resolve()
+    named = given or os.environ.get(TESTS_VAR) or REPO.parent / "shared" / "deepspeed-tests"
+    raise SetupError(f"no upstream tests directory at {named} (set --tests or {TESTS_VAR} to upstream's tests/)")
+
+
+def load_pin():
+    return json.loads((REPO / "upstream.json").read_text())
+
+
+def describe_python(python):
+    """deepspeed and torch versions as the interpreter sees them (run outside any source tree)."""
+    probe = ("import json, os, sys, deepspeed, torch, pytest; print(json.dumps({'deepspeed': deepspeed.__version__, "
+             "'torch': torch.__version__, 'pytest': pytest.__version__, 'python': '%d.%d' % sys.version_info[:2], "
+             "'package_dir': os.path.dirname(deepspeed.__file__)}))")
+    proc = subprocess.run([python, "-c", probe], cwd="/", stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if proc.returncode != 0:
+        raise SetupError(
+            f"{python} cannot import deepspeed, torch and pytest: {proc.stderr.strip().splitlines()[-1:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def pristine_python(given):
+    if given:
+        return given
+    proc = subprocess.run([str(REPO / "tools" / "test-against-upstream"), "--venv"],
+                          stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE,
+                          text=True)
+    if proc.returncode != 0:
+        raise SetupError(f"tools/test-against-upstream --venv failed: {proc.stderr.strip()[-500:]}")
+    return proc.stdout.strip().splitlines()[-1]
+
+
+def scratch_copy(tests_dir, work_dir, side_name, package_dir, tests_sha256):
+    """A copy of the tests laid out as in upstream's repository, for one side.
+
+    Upstream's conftest puts the tests' parent directory on sys.path, so it must hold no deepspeed/
+    source, or that, not the installed wheel, is tested. Upstream's repository has op_builder/ and csrc/
+    there (test_op_builder.py reads them): links to the side's installed copies take their place.
+    """
+    root = work_dir / f"tree-{side_name}"
+    marker = root / "SHA256"
+    stamp = f"{tests_sha256} {package_dir}"
+    if not (marker.exists() and marker.read_text() == stamp):
+        shutil.rmtree(root, ignore_errors=True)
+        shutil.copytree(tests_dir, root / "tests", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        for name in ("op_builder", "csrc"):
+            (root / name).symlink_to(Path(package_dir) / "ops" / name)
+        marker.write_text(stamp)
+    return root / "tests"
+
+
+def selected_units(args, tests_dir):
+    if args.files:
+        return [Unit(path, args.keyword or "") for path in args.files]
+    return tiers.units(args.tier, tests_dir)
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(prog="run-upstream-suite", description=__doc__.splitlines()[0])
+    parser.add_argument("--tier", choices=("patch", "full", "gpu"), default="patch")
+    parser.add_argument("--files", nargs="+", help="test files (relative to the tests dir) instead of a tier")
+    parser.add_argument("-k", dest="keyword", help="pytest -k expression for --files")
+    parser.add_argument("--tests", help=f"upstream's tests/ directory (default: ${TESTS_VAR}, ../shared/...)")
+    parser.add_argument("--fork-python", default=sys.executable, help="interpreter with the fork installed")
+    parser.add_argument("--pristine-python",
+                        help="interpreter with pristine upstream (default: the venv "
+                        "tools/test-against-upstream builds)")
+    parser.add_argument("--pristine-baseline",
+                        nargs="?",
+                        const="",
+                        help="replay pristine's outcomes from this baseline (default file: the tier's)")
+    parser.add_argument("--record-baseline",
+                        nargs="?",
+                        const="",
+                        help="after running pristine, store its outcomes here (default file: the tier's)")
+    parser.add_argument("--only", choices=("fork", "pristine"), help="run one side only (no comparison)")
+    parser.add_argument("--work-dir", help="scratch copy, results, logs (default build/upstream-suite/<tier>)")
+    parser.add_argument("--results-dir",
+                        help="where results-<side>.json live (default: the work dir); keep them to resume a long "
+                        "tier in a later sitting")
+    parser.add_argument("--timeout", type=int, default=600, help="seconds one test may run before it is killed")
+    parser.add_argument("--local-size", type=int, default=8, help="LOCAL_SIZE for the CPU accelerator; 0 on GPUs")
+    parser.add_argument("--report", help="Markdown report path (default <work-dir>/report.md; JSON beside it)")
+    parser.add_argument("--report-only",
+                        action="store_true",
+                        help="run nothing: compare the outcomes recorded so far (units finished on both sides)")
+    parser.add_argument("--quiet", action="store_true")
+    args = parser.parse_args(argv)
+    if args.pristine_baseline is not None and (args.record_baseline is not None or args.only == "pristine"):
+        parser.error("--pristine-baseline replays pristine: it cannot be combined with --record-baseline or "
+                     "--only pristine")
+    if args.files and (args.pristine_baseline is not None or args.record_baseline is not None):
+        parser.error("baselines belong to tiers: use --tier, not --files, with --pristine-baseline/--record-baseline")
+    return args
+
+
+def printer(quiet):
+    started = time.monotonic()
+
+    def echo(side, test_id, outcome, duration):
+        if not quiet:
+            elapsed = time.monotonic() - started
+            print(f"[{elapsed:7.0f} s] {side.name:8} {outcome:8} {duration:7.1f} s  {test_id}", flush=True)
+
+    return echo
+
+
+def run(args):
+    tests_dir = upstream_tests_dir(args.tests)
+    work_dir = Path(args.work_dir or REPO / "build" / "upstream-suite" / (args.tier if not args.files else "files"))
+    work_dir = work_dir.resolve()
+    results_dir = Path(args.results_dir).resolve() if args.results_dir else work_dir
+    work_dir.mkdir(parents=True, exist_ok=True)
+    tests_sha256 = baseline.tree_sha256(tests_dir)
+    units = selected_units(args, tests_dir)
+    pin = load_pin()
+
+    fork_info = describe_python(args.fork_python)
+    if "+gafix." not in fork_info["deepspeed"]:
+        raise SetupError(f"--fork-python {args.fork_python} has deepspeed {fork_info['deepspeed']}, not the fork")
+    replay = args.pristine_baseline is not None
+    run_pristine = args.only != "fork" and not replay
+    identity = {
+        "pin_sha256": pin["sha256"],
+        "pristine_version": pin["version"],
+        "fork_version": fork_info["deepspeed"],
+        "tests_sha256": tests_sha256,
+        "torch": fork_info["torch"],
+        "pytest": fork_info["pytest"],
+        "python": fork_info["python"],
+        "local_size": args.local_size,
+    }
+    sides = []
+    if args.only != "pristine":
+        sides.append(Side("fork", args.fork_python, work_dir / "torch_extensions-fork", fork_info["package_dir"]))
+    if run_pristine:
+        python = pristine_python(args.pristine_python)
+        info = describe_python(python)
+        if info["deepspeed"] != pin["version"]:
+            raise SetupError(f"--pristine-python {python} has deepspeed {info['deepspeed']}, not pristine "
+                             f"{pin['version']} (upstream.json)")
+        differs = [key for key in ("torch", "pytest", "python") if info[key] != fork_info[key]]
+        if differs:
+            raise SetupError("the sides differ in " + ", ".join(f"{key} (fork {fork_info[key]}, pristine {info[key]})"
+                                                                for key in differs))
+        sides.append(Side("pristine", python, work_dir / "torch_extensions-pristine", info["package_dir"]))
+
+    results, trees = {}, {}
+    for side in sides:
+        side_identity = dict(identity, deepspeed=describe_python(side.python)["deepspeed"])
+        results[side.name] = SideOutcomes(results_dir / f"results-{side.name}.json", side_identity)
+        trees[side.name] = scratch_copy(tests_dir, work_dir, side.name, side.package_dir, tests_sha256)
+    echo = printer(args.quiet)
+    for unit in units if not args.report_only else ():  # interleaved: a run stopped half way compares what it ran
+        for side in sides:
+            run_unit(side, unit, trees[side.name], results[side.name], args.timeout, work_dir / "logs",
+                     args.local_size, echo)
+
+    unit_keys = [unit.key for unit in units]
+    if args.report_only:
+        unit_keys = [key for key in unit_keys if all(key in outcomes.done_units for outcomes in results.values())]
+        print(f"--report-only: {len(unit_keys)} of {len(units)} units finished on every side")
+    if args.record_baseline is not None and not args.report_only:
+        path = args.record_baseline or baseline.default_path(args.tier)
+        baseline.record(path, identity, results["pristine"], unit_keys)
+        print(f"pristine baseline recorded: {path}")
+    if args.only:
+        print(f"{args.only} side done: {len(results[args.only].tests)} outcomes in {results_dir}")
+        return 0
+
+    def of_units(outcomes):
+        return {test_id: result for test_id, result in outcomes.tests.items() if result["unit"] in unit_keys}
+
+    fork_tests = of_units(results["fork"])
+    if replay:
+        path = args.pristine_baseline or baseline.default_path(args.tier)
+        pristine_tests = baseline.load(path, identity, unit_keys)
+        source = f"recorded baseline {Path(path).name}"
+    else:
+        pristine_tests = of_units(results["pristine"])
+        source = "run side by side"
+    rows = compare(fork_tests, pristine_tests)
+    title = f"Upstream tests, {'files' if args.files else args.tier + ' tier'}: fork vs pristine"
+    if len(unit_keys) < len(units):
+        title += f" ({len(unit_keys)} of {len(units)} test files so far)"
+    markdown = report.as_markdown(title, identity, rows, fork_tests, pristine_tests, source)
+    report_md = Path(args.report) if args.report else work_dir / "report.md"
+    report_md.parent.mkdir(parents=True, exist_ok=True)
+    report_md.write_text(markdown)
+    report_md.with_suffix(".json").write_text(report.as_json(identity, rows, fork_tests, pristine_tests, source))
+    print(markdown)
+    regressions = [row for row in rows if row.category == REGRESSION]
+    print(f"{len(regressions)} regression(s); report: {report_md} (+ .json)")
+    return 1 if regressions else 0
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    try:
+        return run(args)
+    except (SetupError, baseline.BaselineError, OutcomeMismatch) as err:
+        print(f"run-upstream-suite: error: {err}", file=sys.stderr)
+        return 2

@@ -1,0 +1,175 @@
+# SPDX-License-Identifier: Apache-2.0
+
+# DeepSpeed Team
+"""Run one unit (a test file, optionally narrowed by ``-k``) of upstream's tests with one interpreter.
+
+pytest runs in a process group of its own with ``pytest_plugin`` reporting each event live. A test
+that runs longer than the timeout is killed with its whole process group (DistributedTest's rank
+processes included) and recorded as ``timeout``; a process that dies inside a test records it as
+``crashed``. Either way the rest of the unit is run again in a fresh process, without the tests that
+already have an outcome, so one hang costs one test, not the tier.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+TOOLS_DIR = Path(__file__).resolve().parent.parent
+SHM_DIR = Path("/dev/shm")
+# Left behind by pristine upstream's CPU comm op (69 MB a rank, never unlinked): removed after each
+# pytest process, or a long tier fills /dev/shm.
+SHM_PREFIX = "deepspeed_allreduce_buffer_"
+POLL_S = 0.5
+
+
+@dataclass(frozen=True)
+class Side:
+    name: str  # "fork" or "pristine"
+    python: str
+    extensions_dir: Path
+    package_dir: str  # where its deepspeed package is installed
+    environ: dict = field(default_factory=dict, hash=False, compare=False)  # added to the child's env
+
+
+@dataclass(frozen=True)
+class Unit:
+    path: str  # a test file, relative to the tests directory
+    keyword: str = ""  # pytest -k expression, "" for the whole file
+
+    @property
+    def key(self):
+        return f"{self.path} -k {self.keyword}" if self.keyword else self.path
+
+
+def child_environ(side, events_path, timeout_s, local_size):
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("PYTEST_", "UPSTREAM_SUITE_"))}
+    env.update(side.environ)
+    env["PYTHONPATH"] = str(TOOLS_DIR)
+    env["UPSTREAM_SUITE_EVENTS"] = str(events_path)
+    env["TORCH_EXTENSIONS_DIR"] = str(side.extensions_dir)
+    # DistributedTest's own worker timeout fires first when it can (a clean failure with a message).
+    env["DS_UNITTEST_TIMEOUT"] = str(max(30, timeout_s - 30))
+    if local_size:
+        env["LOCAL_SIZE"] = str(local_size)  # the CPU accelerator's device_count()
+    return env
+
+
+def _shm_names():
+    try:
+        return {name for name in os.listdir(SHM_DIR) if name.startswith(SHM_PREFIX)}
+    except FileNotFoundError:
+        return set()
+
+
+def _read_events(path, offset):
+    """Complete JSON lines appended since ``offset``, and the new offset."""
+    if not path.exists():
+        return [], offset
+    with open(path) as events:
+        events.seek(offset)
+        data = events.read()
+    complete = data[:data.rfind("\n") + 1]
+    return [json.loads(line) for line in complete.splitlines() if line.strip()], offset + len(complete)
+
+
+def _kill_group(proc):
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+@dataclass
+class Attempt:
+    collected: list = field(default_factory=list)
+    results: list = field(default_factory=list)  # (test id, outcome, reason, duration)
+    returncode: int = 0
+    tail: str = ""
+
+
+def run_attempt(side, unit, tests_dir, skip_ids, timeout_s, log_path, local_size, echo):
+    """One pytest process over ``unit`` minus ``skip_ids``; kills it when a test exceeds ``timeout_s``."""
+    events_path = log_path.with_suffix(".events")
+    events_path.unlink(missing_ok=True)
+    command = [side.python, "-m", "pytest", unit.path, "-p", "upstream_suite.pytest_plugin", "-p", "no:cacheprovider"]
+    if unit.keyword:
+        command += ["-k", unit.keyword]
+    for test_id in sorted(skip_ids):
+        command += ["--deselect", test_id]
+    shm_before = _shm_names()
+    attempt = Attempt()
+    running, started, offset = None, time.monotonic(), 0
+    with open(log_path, "a") as log:
+        log.write(f"\n$ {' '.join(command)}\n")
+        log.flush()
+        proc = subprocess.Popen(command,
+                                cwd=tests_dir,
+                                env=child_environ(side, events_path, timeout_s, local_size),
+                                stdout=log,
+                                stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+        while True:
+            finished = proc.poll() is not None
+            events, offset = _read_events(events_path, offset)
+            for event in events:
+                if event["event"] == "collected":
+                    attempt.collected = event["ids"]
+                elif event["event"] == "collect_error":
+                    attempt.results.append((event["id"], "error", "collection: " + event["reason"], 0.0))
+                elif event["event"] == "start":
+                    running, started = event["id"], time.monotonic()
+                elif event["event"] == "result":
+                    attempt.results.append((event["id"], event["outcome"], event["reason"], event["duration"]))
+                    echo(side, event["id"], event["outcome"], event["duration"])
+                    running, started = None, time.monotonic()
+            if finished:
+                break
+            if time.monotonic() - started > timeout_s:
+                _kill_group(proc)
+                what = running or f"{unit.path}::<collection>"
+                attempt.results.append((what, "timeout", f"killed after {timeout_s} s", float(timeout_s)))
+                echo(side, what, "timeout", float(timeout_s))
+                running = None
+                break
+            time.sleep(POLL_S)
+        attempt.returncode = proc.returncode
+        if running is not None:  # the process ended inside a test
+            attempt.results.append((running, "crashed", f"pytest exited with {proc.returncode} inside the test", 0.0))
+            echo(side, running, "crashed", 0.0)
+    for name in _shm_names() - shm_before:
+        (SHM_DIR / name).unlink(missing_ok=True)
+    with open(log_path) as log:
+        attempt.tail = " | ".join(line.strip() for line in log.read().splitlines()[-3:] if line.strip())[-300:]
+    return attempt
+
+
+def run_unit(side, unit, tests_dir, outcomes, timeout_s, log_dir, local_size=8, echo=lambda *args: None):
+    """Run ``unit`` on ``side`` until every collected test has an outcome in ``outcomes``."""
+    if unit.key in outcomes.done_units:
+        return
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_path = log_dir / (unit.key.replace("/", "__").replace(" ", "_") + f".{side.name}.log")
+    collected = set()
+    while True:
+        known = set(outcomes.of_unit(unit.key))
+        attempt = run_attempt(side, unit, tests_dir, known, timeout_s, log_path, local_size, echo)
+        collected |= set(attempt.collected)
+        for test_id, outcome, reason, duration in attempt.results:
+            outcomes.record(test_id, outcome, reason, duration, unit.key)
+        remaining = collected - set(outcomes.of_unit(unit.key))
+        if not attempt.collected and not attempt.results and attempt.returncode not in (0, 5):
+            # pytest stopped before collecting anything (5 is "no tests collected": e.g. all deselected).
+            outcomes.record(unit.key, "error", f"pytest exited with {attempt.returncode}: {attempt.tail}", 0.0,
+                            unit.key)
+            break
+        if not remaining or not attempt.results:
+            for test_id in sorted(remaining):  # no progress: never loop; say what was not run
+                outcomes.record(test_id, "error", f"not run: pytest exited with {attempt.returncode}", 0.0, unit.key)
+            break
+    outcomes.mark_done(unit.key)

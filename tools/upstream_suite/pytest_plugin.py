@@ -1,0 +1,121 @@
+# SPDX-License-Identifier: Apache-2.0
+
+# DeepSpeed Team
+"""pytest plugin loaded into each upstream-suite pytest process (``-p upstream_suite.pytest_plugin``).
+
+It appends one JSON line per event to the file named by ``UPSTREAM_SUITE_EVENTS`` as soon as it
+happens, so the runner sees progress live: which test is running (to kill it after a timeout), and
+every finished test's outcome even when the process is killed or crashes later.
+
+Events: ``collected`` (all test ids), ``collect_error`` (a file or class that failed to import),
+``start`` (a test began), ``result`` (a test ended: outcome and the first line of its reason).
+"""
+
+import json
+import os
+import re
+import time
+
+EVENTS_VAR = "UPSTREAM_SUITE_EVENTS"
+
+_reports = {}
+
+
+def _emit(event):
+    path = os.environ.get(EVENTS_VAR)
+    if not path:
+        return
+    with open(path, "a") as out:
+        out.write(json.dumps(event) + "\n")
+        out.flush()
+        os.fsync(out.fileno())
+
+
+_FRAME = re.compile(r'File "([^"]+)", line (\d+), in \S+\n\s*(\S[^\n]*)')
+
+
+def _where(text):
+    """'file.py:72: <source line>' of the innermost frame of the last traceback in ``text``."""
+    frames = _FRAME.findall(text)
+    if not frames:
+        return ""
+    path, line, source = frames[-1]
+    return f"{os.path.basename(path)}:{line}: {source.strip()}"
+
+
+def first_line(report):
+    """The first meaningful line of why a phase failed or skipped.
+
+    A bare exception name ("AssertionError", as DistributedTest re-raises a rank's failed assert) gets
+    the innermost frame of the rank's traceback added: the line that failed.
+    """
+    longrepr = report.longrepr
+    if longrepr is None:
+        return ""
+    if isinstance(longrepr, tuple) and len(longrepr) == 3:  # skip: (file, line, message)
+        text = str(longrepr[2])
+    else:
+        crash = getattr(longrepr, "reprcrash", None)
+        text = crash.message if crash is not None else str(longrepr)
+        raised = [line[1:].strip() for line in text.splitlines() if line.startswith("E ")]
+        if crash is None and raised:  # a collection error: its last "E" line names the exception
+            return raised[-1][:300]
+        if re.fullmatch(r"[\w.]+", text.strip()):
+            where = _where(str(longrepr))
+            if where:
+                text = f"{text.strip()} at {where}"
+    for line in text.splitlines():
+        line = line.strip()
+        if line:
+            return line[:300]
+    return ""
+
+
+def outcome_of(reports):
+    """One outcome for a test from its setup/call/teardown reports, and its reason."""
+    by_phase = {report.when: report for report in reports}
+    setup, call, teardown = by_phase.get("setup"), by_phase.get("call"), by_phase.get("teardown")
+    if setup is not None and setup.failed:
+        return "error", first_line(setup)
+    if setup is not None and setup.skipped:
+        if hasattr(setup, "wasxfail"):
+            return "xfailed", setup.wasxfail or first_line(setup)
+        return "skipped", first_line(setup)
+    if call is None:
+        return "error", "no call phase was reported"
+    if call.skipped:
+        if hasattr(call, "wasxfail"):
+            return "xfailed", call.wasxfail or "xfail"
+        return "skipped", first_line(call)
+    if call.failed:
+        return "failed", first_line(call)
+    if teardown is not None and teardown.failed:
+        return "error", "teardown: " + first_line(teardown)
+    if hasattr(call, "wasxfail"):
+        return "xpassed", call.wasxfail or "xpass"
+    return "passed", ""
+
+
+def pytest_collection_finish(session):
+    _emit({"event": "collected", "ids": [item.nodeid for item in session.items]})
+
+
+def pytest_collectreport(report):
+    if report.failed:
+        _emit({"event": "collect_error", "id": report.nodeid, "reason": first_line(report)})
+
+
+def pytest_runtest_logstart(nodeid, location):
+    _reports[nodeid] = []
+    _emit({"event": "start", "id": nodeid, "time": time.time()})
+
+
+def pytest_runtest_logreport(report):
+    _reports.setdefault(report.nodeid, []).append(report)
+
+
+def pytest_runtest_logfinish(nodeid, location):
+    reports = _reports.pop(nodeid, [])
+    outcome, reason = outcome_of(reports)
+    duration = sum(getattr(report, "duration", 0.0) for report in reports)
+    _emit({"event": "result", "id": nodeid, "outcome": outcome, "reason": reason, "duration": round(duration, 2)})

@@ -1,0 +1,82 @@
+# SPDX-License-Identifier: Apache-2.0
+
+# DeepSpeed Team
+"""The comparison as Markdown (for people and docs/) and JSON (every test, for tools)."""
+
+import json
+from collections import Counter, defaultdict
+
+from upstream_suite.classify import BOTH_FAIL, BOTH_PASS, BOTH_SKIP, CATEGORIES, FIXED, ONLY_FORK, REGRESSION
+from upstream_suite.classify import category_counts, side_counts
+
+
+def _cell(text):
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _unit_of(test_id):
+    return test_id.split("::", 1)[0]
+
+
+def as_markdown(title, identity, rows, fork_tests, pristine_tests, pristine_source):
+    counts = category_counts(rows)
+    fork, pristine = side_counts(fork_tests), side_counts(pristine_tests)
+    lines = [f"## {title}", ""]
+    lines += [
+        f"- fork: deepspeed {identity['fork_version']}; pristine: deepspeed {identity['pristine_version']} "
+        f"({pristine_source})"
+    ]
+    lines += [f"- upstream tests tree sha256 {identity['tests_sha256'][:16]}..., torch {identity['torch']}"]
+    lines += ["", "| side | run | passed | failed | skipped |", "|---|---|---|---|---|"]
+    for name, side in (("fork", fork), ("pristine", pristine)):
+        lines.append(f"| {name} | {side['run']} | {side['passed']} | {side['failed']} | {side['skipped']} |")
+    lines += ["", "| " + " | ".join(CATEGORIES) + " |", "|" + "---|" * len(CATEGORIES)]
+    lines.append("| " + " | ".join(str(counts[category]) for category in CATEGORIES) + " |")
+
+    per_file = defaultdict(Counter)
+    for row in rows:
+        per_file[_unit_of(row.test_id)][row.category] += 1
+    lines += ["", "| test file | " + " | ".join(CATEGORIES) + " |", "|---|" + "---|" * len(CATEGORIES)]
+    for name in sorted(per_file):
+        lines.append(f"| {name} | " + " | ".join(str(per_file[name][category]) for category in CATEGORIES) + " |")
+
+    for category, heading in ((REGRESSION, "Regressions"), (FIXED, "Fixed by the fork"), (BOTH_FAIL, "Both fail"),
+                              (ONLY_FORK, "Only on the fork (no pristine outcome)")):
+        chosen = [row for row in rows if row.category == category]
+        if not chosen:
+            continue
+        lines += ["", f"### {heading} ({len(chosen)})", "", "| test | fork | pristine | reason |", "|---|---|---|---|"]
+        for row in chosen:
+            lines.append(
+                f"| `{_cell(row.test_id)}` | {row.fork or '-'} | {row.pristine or '-'} | {_cell(row.reason)} |")
+
+    skips = Counter(row.reason for row in rows if row.category == BOTH_SKIP)
+    if skips:
+        lines += ["", f"### Both skip ({counts[BOTH_SKIP]}), by reason", "", "| tests | reason |", "|---|---|"]
+        for reason, number in skips.most_common():
+            lines.append(f"| {number} | {_cell(reason) or '-'} |")
+    lines += ["", f"{counts[BOTH_PASS]} tests pass on both sides.", ""]
+    return "\n".join(lines)
+
+
+def as_json(identity, rows, fork_tests, pristine_tests, pristine_source):
+    return json.dumps(
+        {
+            "identity": identity,
+            "pristine_source": pristine_source,
+            "sides": {
+                "fork": side_counts(fork_tests),
+                "pristine": side_counts(pristine_tests)
+            },
+            "categories": category_counts(rows),
+            "tests": {
+                row.test_id: {
+                    "category": row.category,
+                    "fork": fork_tests.get(row.test_id),
+                    "pristine": pristine_tests.get(row.test_id),
+                }
+                for row in rows
+            },
+        },
+        indent=1,
+        sort_keys=True)

@@ -1,0 +1,145 @@
+# SPDX-License-Identifier: Apache-2.0
+
+# DeepSpeed Team
+"""The named selections of upstream's tests (docs/upstream_suite.md explains each).
+
+- ``patch``: the upstream test files that exercise what each patch of patches/series touches; run by
+  the test suite (CI) on the fork against a recorded pristine baseline.
+- ``full``: every unit-test directory that can run on a CPU; hours on 2 cores, resumable.
+- ``gpu``: fp16 (half_precision/) and the CUDA-only tests of the patch tier, for a GPU machine.
+"""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from upstream_suite.execute import Unit
+
+
+@dataclass(frozen=True)
+class Covered:
+    unit: Unit
+    patches: tuple  # patch numbers ("0003", ...) whose changed code the unit runs
+    what: str  # what of those patches it exercises
+
+
+def _covered(path, patches, what, keyword=""):
+    return Covered(Unit(path, keyword), tuple(patches.split()), what)
+
+
+# The fork side of this tier runs in CI beside our own suite (CI's budget: 30 minutes in all), so files
+# with many slow distributed cases are narrowed with -k to the cases that run the patched code; the
+# full tier runs every case of every file.
+PATCH_TIER = (
+    _covered("unit/runtime/test_runtime_utils.py", "0003 0008", "clip_grad_norm_ and CheckOverflow (utils.py)"),
+    _covered("unit/runtime/zero/test_zero_grad_clip.py",
+             "0008",
+             "bf16 ZeRO grad clipping and norm, with and without offload",
+             keyword="bf16"),
+    _covered("unit/runtime/half_precision/test_zero_optim_overflow.py",
+             "0008",
+             "bf16 ZeRO overflow detection through the one-collective check",
+             keyword="TestZeROBFloat16 and detect_grad_overflow"),
+    _covered("unit/runtime/test_precision_config_dynamic_scale.py", "0005 0010",
+             "dynamic loss scale settings (fp16 config)"),
+    _covered("unit/runtime/test_precision_config_loss_scale.py", "0004", "static loss scale settings (fp16 config)"),
+    _covered("unit/v1/half_precision/test_bf16.py",
+             "0008",
+             "bf16 ZeRO-1/2/3 gradients against DDP (bf16 optimizer states; ZeRO-2 offload)",
+             keyword="TestBF16MasterWeightsGradients and (bf16_opt_states_True or zero_stage_2_cpu_offload)"),
+    _covered("unit/v1/half_precision/test_gradient_clipping_default.py", "0003 0008",
+             "the default gradient clipping, end to end"),
+    _covered("unit/runtime/pipe/test_pipe.py",
+             "0003 0008 0009",
+             "pipeline gradient accumulation scaling; dynamic shapes through the pipeline's buffers",
+             keyword="TestPipeGradientAccumulationScaling or TestPipeDynamicShape"),
+    _covered("unit/checkpoint/test_pipeline.py", "0008 0009", "pipeline engine checkpoints"),
+    _covered("unit/runtime/test_no_sync_ctxt.py",
+             "0002 0006",
+             "no_sync and engine.backward on ZeRO-1/3 (the shm comm op at init)",
+             keyword="test_zero_stage[3-dtype0] or test_zero_stage[3-dtype2] or test_engine_step[1-dtype0] or "
+             "test_engine_step[1-dtype2] or test_reentry"),
+    _covered("unit/comm/test_dist.py",
+             "0002",
+             "deepspeed.comm all-reduce and the shm inference_all_reduce",
+             keyword="TestInit or TestDistAllReduce or TestDistInferenceAllReduce"),
+    _covered("unit/checkpoint/test_moe_checkpoint.py",
+             "0008",
+             "MoE with ZeRO checkpoints (expert groups in the norm)",
+             keyword="test_checkpoint_moe_and_zero[2-True] or test_checkpoint_moe_and_zero[2-False]"),
+    _covered("unit/v1/moe/test_moe.py",
+             "0008",
+             "MoE training, expert gradients with ZeRO 0/1/2",
+             keyword="TestExpertWeightGradWithZero or TestSimpleMoE"),
+    _covered("unit/v1/zero/test_zero_cpu_offload_grad_accum.py", "0008", "ZeRO offload with gradient accumulation"),
+    _covered("unit/v1/zero/test_zero2_offload_multi_backward.py",
+             "0006 0008",
+             "ZeRO-2 offload with several backward calls and GAS > 1",
+             keyword="ga_greater_than_one or multi_backward_matches"),
+    _covered("unit/runtime/test_multi_output_model.py", "0006", "engine.backward of several losses under GAS"),
+    _covered("unit/v1/accelerator/test_accelerator.py", "0007",
+             "every accelerator (the CPU one included) is complete"),
+    _covered("unit/ops/test_op_builder.py", "0011", "the op builder (JIT arch lists, compatibility probes)"),
+)
+
+# Patches whose changed lines no upstream test runs on a CPU, and why (docs/upstream_suite.md repeats it).
+UNCOVERED = {
+    "0001": "the version label and ds_report section: no upstream test reads them",
+    "0004": "fp16 ZeRO-0 loss scaling: upstream's fp16 training tests (half_precision/) skip on a CPU; GPU tier",
+    "0005": "fp16 loss-scale growth: upstream's fp16 training tests skip on a CPU; GPU tier",
+    "0010": "fp16 ZeRO-0 optimizers' construction: upstream's fp16 training tests skip on a CPU; GPU tier",
+}
+
+# Directories left out of the full tier: they need CUDA kernels (they skip or fail to import on a CPU).
+GPU_ONLY_DIRS = (
+    "unit/inference",
+    "unit/hybrid_engine",
+    "unit/ops/transformer",
+    "unit/ops/sparse_attention",
+    "unit/ops/spatial",
+    "unit/ops/quantizer",
+    "unit/ops/fp_quantizer",
+    "unit/ops/deepspeed4science",
+    "unit/v1/ops",
+    "unit/v1/nvme",
+    "unit/module_inject",
+)
+
+GPU_TIER_DIRS = ("unit/runtime/half_precision", "unit/v1/half_precision")
+
+
+def test_files(tests_dir, under="unit"):
+    """Every test_*.py below ``under``, as paths relative to ``tests_dir``, sorted."""
+    root = Path(tests_dir)
+    return sorted(str(path.relative_to(root)) for path in (root / under).rglob("test_*.py"))
+
+
+def _is_under(path, directories):
+    return any(path == directory or path.startswith(directory + "/") for directory in directories)
+
+
+def units(tier, tests_dir):
+    """The units of a named tier, in run order."""
+    if tier == "patch":
+        return [covered.unit for covered in PATCH_TIER]
+    if tier == "full":
+        return [Unit(path) for path in test_files(tests_dir) if not _is_under(path, GPU_ONLY_DIRS)]
+    if tier == "gpu":
+        patch_paths = [covered.unit.path for covered in PATCH_TIER]
+        half = [path for path in test_files(tests_dir) if _is_under(path, GPU_TIER_DIRS)]
+        return [Unit(path) for path in dict.fromkeys(half + patch_paths)]
+    raise ValueError(f"unknown tier {tier!r}: choose patch, full or gpu")
+
+
+def patch_table():
+    """Markdown: each patch -> the upstream test files that cover it (docs/upstream_suite.md)."""
+    by_patch = {}
+    for covered in PATCH_TIER:
+        for patch in covered.patches:
+            by_patch.setdefault(patch, []).append(covered)
+    lines = ["| patch | upstream tests that run its code on the CPU |", "|---|---|"]
+    for patch in sorted(set(by_patch) | set(UNCOVERED)):
+        cells = [f"`{covered.unit.key}` ({covered.what})" for covered in by_patch.get(patch, [])]
+        if patch in UNCOVERED:
+            cells.append(f"**none reaches the changed lines on a CPU**: {UNCOVERED[patch]}")
+        lines.append(f"| {patch} | {'; '.join(cells)} |")
+    return "\n".join(lines)
