@@ -69,15 +69,16 @@ class LaunchResult(LauncherRun):
         return _tail(self.log, lines)
 
 
-def run_launcher(script, nprocs, args=(), timeout=600, extensions_dir=None, env=None, on_timeout=None):
+def run_launcher(script, nprocs, args=(), timeout=600, extensions_dir=None, env=None, on_timeout=None, launcher=None):
     """Run ``deepspeed --num_gpus nprocs --no_local_rank script args...`` and return a LauncherRun.
 
     A launch still running after ``timeout`` seconds is killed and raises LaunchError, with what
-    ``on_timeout()`` says about where the ranks were.
+    ``on_timeout()`` says about where the ranks were. ``launcher`` is another install's ``deepspeed``
+    script (default: the one of the interpreter running the tests).
     """
     port = free_port()
     cmd = [
-        launcher_path(), "--num_gpus",
+        launcher or launcher_path(), "--num_gpus",
         str(nprocs), "--no_local_rank", "--master_port",
         str(port),
         str(script), *args
@@ -109,7 +110,7 @@ def run_launcher(script, nprocs, args=(), timeout=600, extensions_dir=None, env=
     return LauncherRun(returncode=proc.returncode, log=log, leaked_shm=leaked)
 
 
-def launch_cases(script, nprocs, cases=(), timeout=600, extensions_dir=None, env=None, extra_args=()):
+def launch_cases(script, nprocs, cases=(), timeout=600, extensions_dir=None, env=None, extra_args=(), launcher=None):
     """Launch a worker script built on ``rank_cases.run_cases`` and return what each rank reported."""
     with tempfile.TemporaryDirectory(prefix="ds-gafix-launch-") as results_dir:
         args = ["--results-dir", results_dir, "--cases", ",".join(cases), *extra_args]
@@ -119,7 +120,8 @@ def launch_cases(script, nprocs, cases=(), timeout=600, extensions_dir=None, env
                            timeout,
                            extensions_dir,
                            env,
-                           on_timeout=lambda: _progress(results_dir, nprocs))
+                           on_timeout=lambda: _progress(results_dir, nprocs),
+                           launcher=launcher)
         ranks = []
         for rank in range(nprocs):
             path = Path(results_dir) / f"rank{rank}.json"

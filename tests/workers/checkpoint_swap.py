@@ -1,0 +1,258 @@
+# SPDX-License-Identifier: Apache-2.0
+
+# DeepSpeed Team
+"""Rank side of tests/test_checkpoint_swap.py: train, checkpoint, continue; or load and continue.
+
+Every configuration is run as up to three kinds of case. ``save/<config>`` (``--save DIR``) trains
+SAVE_AT steps, saves a checkpoint under ``DIR/<config>``, trains CONTINUE more steps in the same
+process and reports the weights. ``resume-<label>/<config>`` (``--resume LABEL=DIR``) builds the
+engine from other initial weights, loads ``DIR/<config>`` (written by whichever install), reports
+the restored state, trains the same CONTINUE steps and reports the weights. ``universal-<label>/...``
+(``--universal LABEL=DIR``) does the same from the tag ``universal`` (a ds_to_universal conversion).
+"""
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+import deepspeed  # noqa: E402
+import deepspeed.comm as dist  # noqa: E402
+from helpers.rank_cases import run_cases  # noqa: E402
+from helpers.small_model import IN, OUT, make_layers, mse  # noqa: E402
+
+SAVE_AT, CONTINUE, MICRO, GAS = 3, 3, 2, 2
+TAG = "swap"
+# torch's Adam: no JIT build of FusedAdam / DeepSpeedCPUAdam on either install.
+ADAM = {"type": "Adam", "params": {"lr": 1e-2, "weight_decay": 0.01, "torch_adam": True}}
+WARMUP = {"type": "WarmupLR", "params": {"warmup_min_lr": 0.0, "warmup_max_lr": 1e-2, "warmup_num_steps": 10}}
+# Dynamic loss scale with a short window: the scale grows inside the run, so its state (scale,
+# counters since the last overflow) must cross the checkpoint. Initial scale 2^20 overflows once.
+FP16 = {"enabled": True, "loss_scale": 0, "initial_scale_power": 20, "loss_scale_window": 2, "hysteresis": 1}
+CONFIGS = {
+    "zero1_fp32": {
+        "zero_optimization": {
+            "stage": 1
+        },
+        "gradient_clipping": 0.0
+    },
+    "zero3_fp32": {
+        "zero_optimization": {
+            "stage": 3
+        },
+        "gradient_clipping": 0.0
+    },
+    "zero1_fp32_clip": {
+        "zero_optimization": {
+            "stage": 1
+        },
+        "gradient_clipping": 0.5
+    },
+    "zero2_fp32_clip": {
+        "zero_optimization": {
+            "stage": 2
+        },
+        "gradient_clipping": 0.5
+    },
+    "zero3_fp32_clip": {
+        "zero_optimization": {
+            "stage": 3
+        },
+        "gradient_clipping": 0.5
+    },
+    "zero1_bf16_clip": {
+        "zero_optimization": {
+            "stage": 1
+        },
+        "bf16": {
+            "enabled": True
+        },
+        "gradient_clipping": 0.5
+    },
+    "zero2_fp16_dynamic_scale_clip": {
+        "zero_optimization": {
+            "stage": 2
+        },
+        "fp16": FP16,
+        "gradient_clipping": 0.5
+    },
+    "zero3_fp16_dynamic_scale": {
+        "zero_optimization": {
+            "stage": 3
+        },
+        "fp16": FP16
+    },
+    "zero2_offload_fp32_clip": {
+        "zero_optimization": {
+            "stage": 2,
+            "offload_optimizer": {
+                "device": "cpu"
+            }
+        },
+        "zero_force_ds_cpu_optimizer": False,
+        "gradient_clipping": 0.5,
+    },
+    "zero3_offload_fp32_clip": {
+        "zero_optimization": {
+            "stage": 3,
+            "offload_optimizer": {
+                "device": "cpu"
+            }
+        },
+        "zero_force_ds_cpu_optimizer": False,
+        "gradient_clipping": 0.5,
+    },
+}
+PIPELINE = "pipe2_zero1_fp32_clip"  # 2 stages x 1 data-parallel rank
+UNIVERSAL = ("zero1_fp32_clip", "zero2_fp32_clip")  # converted with ds_to_universal by the test
+
+
+def config(case):
+    extra = CONFIGS.get(case, {"zero_optimization": {"stage": 1}, "gradient_clipping": 0.5})
+    return dict(
+        {
+            "train_micro_batch_size_per_gpu": MICRO,
+            "gradient_accumulation_steps": GAS,
+            "optimizer": ADAM,
+            "scheduler": WARMUP,
+            "steps_per_print": 1000,
+        }, **extra)
+
+
+def dtype_of(case):
+    cfg = config(case)
+    if cfg.get("fp16", {}).get("enabled"):
+        return torch.float16
+    if cfg.get("bf16", {}).get("enabled"):
+        return torch.bfloat16
+    return torch.float32
+
+
+def batch(step, micro, rank, dtype):
+    """The micro-batch ``micro`` of global step ``step`` for ``rank``: the same on every install."""
+    gen = torch.Generator().manual_seed(1000 * step + 10 * micro + rank)
+    return torch.randn(MICRO, IN, generator=gen).to(dtype), (torch.randn(MICRO, OUT, generator=gen) * 3).to(dtype)
+
+
+def build(case, seed, load_universal=False):
+    cfg = config(case)
+    if load_universal:
+        cfg["checkpoint"] = {"load_universal": True}
+    if case == PIPELINE:
+        from deepspeed.pipe import PipelineModule
+        model = PipelineModule(layers=make_layers(seed), num_stages=2, loss_fn=mse, partition_method="uniform")
+    else:
+        model = torch.nn.Sequential(*make_layers(seed))
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+    return engine
+
+
+def train_steps(engine, case, first, count):
+    dtype = dtype_of(case)
+    rank = dist.get_rank()
+    losses = []
+    for step in range(first, first + count):
+        if case == PIPELINE:
+            data = iter([batch(step, micro, 0, dtype) for micro in range(GAS)])
+            losses.append(float(engine.train_batch(data_iter=data)))
+            continue
+        for micro in range(GAS):
+            inputs, targets = batch(step, micro, rank, dtype)
+            loss = mse(engine(inputs), targets)
+            engine.backward(loss)
+            engine.step()
+        losses.append(float(loss))
+    return losses
+
+
+def weights(engine):
+    """Every parameter of the model as a flat fp32 list, from the optimizer's fp32 master copy.
+
+    ZeRO-3 parameters are gathered; pipeline stages report their own layers (the test joins them).
+    """
+    from deepspeed.utils import safe_get_full_fp32_param
+    values = []
+    for _, param in sorted(engine.module.named_parameters()):
+        full = safe_get_full_fp32_param(param)
+        values += (full if full is not None else param.detach().float()).flatten().tolist()
+    return values
+
+
+def state(engine):
+    """What a checkpoint must carry across: counters, learning rate and the loss scaler."""
+    optimizer = engine.optimizer
+    scaler = getattr(optimizer, "loss_scaler", None)
+    return {
+        "global_steps": engine.global_steps,
+        "global_samples": engine.global_samples,
+        "skipped_steps": engine.skipped_steps,
+        "lr": engine.get_lr()[0],
+        "scheduler_last_batch": engine.lr_scheduler.last_batch_iteration,
+        "loss_scale": float(scaler.cur_scale) if scaler is not None and hasattr(scaler, "cur_scale") else None,
+        "scaler_cur_iter": getattr(scaler, "cur_iter", None),
+        "scaler_last_overflow_iter": getattr(scaler, "last_overflow_iter", None),
+    }
+
+
+def save_then_continue(case, ckpt_dir):
+
+    def run():
+        engine = build(case, seed=1234)
+        before = train_steps(engine, case, 0, SAVE_AT)
+        engine.save_checkpoint(str(Path(ckpt_dir) / case), tag=TAG)
+        saved = state(engine)
+        after = train_steps(engine, case, SAVE_AT, CONTINUE)
+        result = {"state": saved, "losses": before + after, "weights": weights(engine)}
+        engine.destroy()
+        return result
+
+    return run
+
+
+def load_then_continue(case, ckpt_dir, universal=False):
+
+    def run():
+        engine = build(case, seed=99, load_universal=universal)  # other initial weights: all must come from the file
+        tag = "universal" if universal else TAG
+        loaded, _ = engine.load_checkpoint(str(Path(ckpt_dir) / case), tag=tag)
+        assert loaded is not None, f"load_checkpoint found nothing at {ckpt_dir}/{case} tag {tag}"
+        restored = state(engine)
+        after = train_steps(engine, case, SAVE_AT, CONTINUE)
+        result = {"state": restored, "losses": after, "weights": weights(engine)}
+        engine.destroy()
+        return result
+
+    return run
+
+
+def labelled(pairs):
+    return [pair.split("=", 1) for pair in pairs]
+
+
+def cases(args):
+    """Non-pipeline configurations first, the pipeline last: its grid stays in deepspeed.utils.groups."""
+    chosen = {}
+    for group in (list(CONFIGS), [PIPELINE]):
+        for name in group:
+            if args.save:
+                chosen[f"save/{name}"] = save_then_continue(name, args.save)
+            for label, path in labelled(args.resume):
+                chosen[f"resume-{label}/{name}"] = load_then_continue(name, path)
+            for label, path in labelled(args.universal):
+                if name in UNIVERSAL:
+                    chosen[f"universal-{label}/{name}"] = load_then_continue(name, path, universal=True)
+    return chosen
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--save", help="write the checkpoints under this directory")
+    parser.add_argument("--resume", action="append", default=[], help="LABEL=DIR: load the checkpoints there")
+    parser.add_argument("--universal", action="append", default=[], help="LABEL=DIR: load their universal form")
+    args, _ = parser.parse_known_args()
+    from deepspeed.accelerator import get_accelerator
+    get_accelerator().is_fp16_supported = lambda: True  # the engine's fp16 paths are device-independent
+    run_cases(cases(args))
