@@ -31,45 +31,27 @@ def _covered(path, patches, what, keyword=""):
 # full tier runs every case of every file.
 PATCH_TIER = (
     _covered("unit/runtime/test_runtime_utils.py", "0003 0008", "clip_grad_norm_ and CheckOverflow (utils.py)"),
-    _covered("unit/runtime/zero/test_zero_grad_clip.py",
-             "0008",
-             "bf16 ZeRO grad clipping and norm, with and without offload",
-             keyword="bf16"),
-    _covered("unit/runtime/half_precision/test_zero_optim_overflow.py",
-             "0008",
-             "bf16 ZeRO overflow detection through the one-collective check",
-             keyword="TestZeROBFloat16 and detect_grad_overflow"),
     _covered("unit/runtime/test_precision_config_dynamic_scale.py", "0005 0010",
              "dynamic loss scale settings (fp16 config)"),
     _covered("unit/runtime/test_precision_config_loss_scale.py", "0004", "static loss scale settings (fp16 config)"),
-    _covered("unit/v1/half_precision/test_bf16.py",
-             "0008",
-             "bf16 ZeRO-1/2/3 gradients against DDP (bf16 optimizer states; ZeRO-2 offload)",
-             keyword="TestBF16MasterWeightsGradients and (bf16_opt_states_True or zero_stage_2_cpu_offload)"),
     _covered("unit/v1/half_precision/test_gradient_clipping_default.py", "0003 0008",
              "the default gradient clipping, end to end"),
     _covered("unit/runtime/pipe/test_pipe.py",
              "0003 0008 0009",
              "pipeline gradient accumulation scaling; dynamic shapes through the pipeline's buffers",
              keyword="TestPipeGradientAccumulationScaling or TestPipeDynamicShape"),
-    _covered("unit/checkpoint/test_pipeline.py", "0008 0009", "pipeline engine checkpoints"),
     _covered("unit/runtime/test_no_sync_ctxt.py",
              "0002 0006",
              "no_sync and engine.backward on ZeRO-1/3 (the shm comm op at init)",
-             keyword="test_zero_stage[3-dtype0] or test_zero_stage[3-dtype2] or test_engine_step[1-dtype0] or "
-             "test_engine_step[1-dtype2] or test_reentry"),
+             keyword="test_zero_stage[3-dtype2] or test_engine_step[1-dtype2] or test_reentry"),
     _covered("unit/comm/test_dist.py",
              "0002",
              "deepspeed.comm all-reduce and the shm inference_all_reduce",
              keyword="TestInit or TestDistAllReduce or TestDistInferenceAllReduce"),
-    _covered("unit/checkpoint/test_moe_checkpoint.py",
-             "0008",
-             "MoE with ZeRO checkpoints (expert groups in the norm)",
-             keyword="test_checkpoint_moe_and_zero[2-True] or test_checkpoint_moe_and_zero[2-False]"),
     _covered("unit/v1/moe/test_moe.py",
              "0008",
-             "MoE training, expert gradients with ZeRO 0/1/2",
-             keyword="TestExpertWeightGradWithZero or TestSimpleMoE"),
+             "MoE expert gradients with ZeRO 0/1/2",
+             keyword="TestExpertWeightGradWithZero"),
     _covered("unit/v1/zero/test_zero_cpu_offload_grad_accum.py", "0008", "ZeRO offload with gradient accumulation"),
     _covered("unit/v1/zero/test_zero2_offload_multi_backward.py",
              "0006 0008",
@@ -79,6 +61,24 @@ PATCH_TIER = (
     _covered("unit/v1/accelerator/test_accelerator.py", "0007",
              "every accelerator (the CPU one included) is complete"),
     _covered("unit/ops/test_op_builder.py", "0011", "the op builder (JIT arch lists, compatibility probes)"),
+)
+
+# Upstream files that reach patched code but stay out of the CI tier (the full tier runs them), and why.
+FULL_TIER_COVERAGE = (
+    _covered(
+        "unit/runtime/half_precision/test_zero_optim_overflow.py", "0005 0008",
+        "ZeRO overflow detection: the bf16 cases JIT-build FusedAdam first (about 160 s of CI's budget); "
+        "tests/test_global_grad_norm.py covers ZeRO-2/3 overflow"),
+    _covered("unit/runtime/zero/test_zero_grad_clip.py", "0008",
+             "ZeRO-3 grad clipping and norm groups: each case JIT-builds an Adam op, about 100 s here"),
+    _covered("unit/v1/half_precision/test_bf16.py", "0008",
+             "bf16 gradients against DDP: skip on a CPU (they ask for CUDA and NCCL); GPU tier"),
+    _covered(
+        "unit/checkpoint/test_pipeline.py", "0008 0009",
+        "pipeline checkpoints: fail on pristine 0.19.8 too on a CPU (fp16; PipelineEngine has no "
+        "sparse_tensor_module_names); tests/test_checkpoint_swap.py covers the pipeline instead"),
+    _covered("unit/checkpoint/test_moe_checkpoint.py", "0008",
+             "MoE checkpoints: fp16 only, fail on pristine 0.19.8 too on a CPU; GPU tier"),
 )
 
 # Patches whose changed lines no upstream test runs on a CPU, and why (docs/upstream_suite.md repeats it).
@@ -133,12 +133,16 @@ def units(tier, tests_dir):
 def patch_table():
     """Markdown: each patch -> the upstream test files that cover it (docs/upstream_suite.md)."""
     by_patch = {}
-    for covered in PATCH_TIER:
+    for covered in PATCH_TIER + FULL_TIER_COVERAGE:
         for patch in covered.patches:
             by_patch.setdefault(patch, []).append(covered)
-    lines = ["| patch | upstream tests that run its code on the CPU |", "|---|---|"]
+    lines = [
+        "| patch | upstream tests that run its code (CI's patch tier; *full tier only* where marked) |", "|---|---|"
+    ]
     for patch in sorted(set(by_patch) | set(UNCOVERED)):
-        cells = [f"`{covered.unit.key}` ({covered.what})" for covered in by_patch.get(patch, [])]
+        cells = [(f"`{covered.unit.key}` ({covered.what})"
+                  if covered in PATCH_TIER else f"*full tier only*: `{covered.unit.path}` ({covered.what})")
+                 for covered in by_patch.get(patch, [])]
         if patch in UNCOVERED:
             cells.append(f"**none reaches the changed lines on a CPU**: {UNCOVERED[patch]}")
         lines.append(f"| {patch} | {'; '.join(cells)} |")
