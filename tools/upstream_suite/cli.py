@@ -189,7 +189,11 @@ def run(args):
 
     results, trees = {}, {}
     for side in sides:
-        side_identity = dict(identity, deepspeed=describe_python(side.python)["deepspeed"])
+        # What this side's outcomes depend on: the tests, the environment and this side's own code (so
+        # pristine's survive a new fork build, and a rebuilt fork with an unchanged label does not resume).
+        side_identity = {key: identity[key] for key in baseline.KEYS if key != "pristine_version"}
+        side_identity.update(deepspeed=describe_python(side.python)["deepspeed"],
+                             package_sha256=baseline.tree_sha256(side.package_dir))
         results[side.name] = SideOutcomes(results_dir / f"results-{side.name}.json", side_identity)
         trees[side.name] = scratch_copy(tests_dir, work_dir, side.name, side.package_dir, tests_sha256)
     echo = printer(args.quiet)
