@@ -13,6 +13,7 @@ Results resume: rerunning with the same --work-dir skips every test that already
 """
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -50,9 +51,12 @@ def load_pin():
 
 def describe_python(python):
     """deepspeed and torch versions as the interpreter sees them (run outside any source tree)."""
-    probe = ("import json, os, sys, deepspeed, torch, pytest; print(json.dumps({'deepspeed': deepspeed.__version__, "
+    probe = ("import json, os, sys, importlib.metadata as md, deepspeed, torch, pytest; "
+             "print(json.dumps({'deepspeed': deepspeed.__version__, "
              "'torch': torch.__version__, 'pytest': pytest.__version__, 'python': '%d.%d' % sys.version_info[:2], "
-             "'package_dir': os.path.dirname(deepspeed.__file__)}))")
+             "'package_dir': os.path.dirname(deepspeed.__file__), 'packages': sorted({'%s==%s' % "
+             "(d.metadata['Name'].lower(), d.version) for d in md.distributions() if d.metadata['Name'] and "
+             "d.metadata['Name'].lower() not in ('deepspeed', 'pip', 'setuptools', 'wheel')})}))")
     proc = subprocess.run([python, "-c", probe], cwd="/", stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if proc.returncode != 0:
         raise SetupError(
@@ -185,6 +189,10 @@ def run(args):
         if differs:
             raise SetupError("the sides differ in " + ", ".join(f"{key} (fork {fork_info[key]}, pristine {info[key]})"
                                                                 for key in differs))
+        only = sorted(set(info["packages"]) ^ set(fork_info["packages"]))
+        if only:
+            raise SetupError(f"the two interpreters have different packages installed ({', '.join(only[:6])}"
+                             f"{' ...' if len(only) > 6 else ''}): install the same in both (docs/upstream_suite.md)")
         sides.append(Side("pristine", python, work_dir / "torch_extensions-pristine", info["package_dir"]))
 
     results, trees = {}, {}
@@ -192,8 +200,10 @@ def run(args):
         # What this side's outcomes depend on: the tests, the environment and this side's own code (so
         # pristine's survive a new fork build, and a rebuilt fork with an unchanged label does not resume).
         side_identity = {key: identity[key] for key in baseline.KEYS if key != "pristine_version"}
-        side_identity.update(deepspeed=describe_python(side.python)["deepspeed"],
-                             package_sha256=baseline.tree_sha256(side.package_dir))
+        info = describe_python(side.python)
+        side_identity.update(deepspeed=info["deepspeed"],
+                             package_sha256=baseline.tree_sha256(side.package_dir),
+                             packages_sha256=hashlib.sha256("\n".join(info["packages"]).encode()).hexdigest())
         results[side.name] = SideOutcomes(results_dir / f"results-{side.name}.json", side_identity)
         trees[side.name] = scratch_copy(tests_dir, work_dir, side.name, side.package_dir, tests_sha256)
     echo = printer(args.quiet)
