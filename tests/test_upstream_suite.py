@@ -11,8 +11,10 @@ directory must be there: a missing one fails instead of skipping.
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -159,6 +161,40 @@ def test_an_unfinished_unit_resumes_without_rerunning_what_has_an_outcome(tmp_pa
              local_size=0)
     assert outcomes.tests[hang_id]["reason"] == "killed in an earlier sitting"
     assert outcomes.tests["unit/test_synthetic.py::test_after_the_crash"]["outcome"] == "passed"
+
+
+RUN_ONE_UNIT = """
+import sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+from upstream_suite.execute import Side, Unit, run_unit
+from upstream_suite.outcomes import SideOutcomes
+root = Path(sys.argv[2])
+outcomes = SideOutcomes(root / "results.json", {"who": "test"})
+run_unit(Side("fork", sys.executable, root / "ext", str(root)), Unit("unit/test_synthetic.py"), root / "tests", outcomes,
+         timeout_s=600, log_dir=root / "logs", local_size=0)
+"""
+
+
+def test_outcomes_are_kept_when_the_runner_is_killed_inside_a_file(tmp_path):
+    """A long tier is stopped wherever it is (a session ends): what finished before must be on disk."""
+    synthetic_tree(tmp_path)
+    runner = subprocess.Popen(
+        [sys.executable, "-c", RUN_ONE_UNIT, str(REPO / "tools"),
+         str(tmp_path)], start_new_session=True)
+    results = tmp_path / "results.json"
+    xfails = "unit/test_synthetic.py::test_xfails"  # the last test before test_hangs (which sleeps 600 s)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (results.exists() and xfails in results.read_text()):
+            time.sleep(0.5)
+    finally:
+        os.killpg(runner.pid, signal.SIGKILL)
+        runner.wait()
+    assert results.exists(), "nothing was written while the file ran: a killed runner loses the whole file"
+    kept = json.loads(results.read_text())["tests"]
+    assert {"unit/test_synthetic.py::test_passes", "unit/test_synthetic.py::test_fails", xfails} <= set(kept)
+    assert "unit/test_synthetic.py::test_hangs" not in kept
 
 
 def identity(**changes):

@@ -92,8 +92,18 @@ class Attempt:
     tail: str = ""
 
 
-def run_attempt(side, unit, tests_dir, skip_ids, timeout_s, log_path, local_size, echo):
-    """One pytest process over ``unit`` minus ``skip_ids``; kills it when a test exceeds ``timeout_s``."""
+def run_attempt(side, unit, tests_dir, skip_ids, timeout_s, log_path, local_size, echo, on_result):
+    """One pytest process over ``unit`` minus ``skip_ids``; kills it when a test exceeds ``timeout_s``.
+
+    ``on_result(test_id, outcome, reason, duration)`` is called as each outcome arrives, so it is kept
+    even if this process (or the runner) is killed before the file ends.
+    """
+    attempt = Attempt()
+
+    def result(*outcome):
+        attempt.results.append(outcome)
+        on_result(*outcome)
+
     events_path = log_path.with_suffix(".events")
     events_path.unlink(missing_ok=True)
     command = [side.python, "-m", "pytest", unit.path, "-p", "upstream_suite.pytest_plugin", "-p", "no:cacheprovider"]
@@ -102,7 +112,6 @@ def run_attempt(side, unit, tests_dir, skip_ids, timeout_s, log_path, local_size
     for test_id in sorted(skip_ids):
         command += ["--deselect", test_id]
     shm_before = _shm_names()
-    attempt = Attempt()
     running, started, offset = None, time.monotonic(), 0
     with open(log_path, "a") as log:
         log.write(f"\n$ {' '.join(command)}\n")
@@ -121,11 +130,11 @@ def run_attempt(side, unit, tests_dir, skip_ids, timeout_s, log_path, local_size
                 if event["event"] == "collected":
                     attempt.collected = event["ids"]
                 elif event["event"] == "collect_error":
-                    attempt.results.append((event["id"], "error", "collection: " + event["reason"], 0.0))
+                    result(event["id"], "error", "collection: " + event["reason"], 0.0)
                 elif event["event"] == "start":
                     running, started = event["id"], time.monotonic()
                 elif event["event"] == "result":
-                    attempt.results.append((event["id"], event["outcome"], event["reason"], event["duration"]))
+                    result(event["id"], event["outcome"], event["reason"], event["duration"])
                     echo(side, event["id"], event["outcome"], event["duration"])
                     running, started = None, time.monotonic()
             if finished:
@@ -133,14 +142,14 @@ def run_attempt(side, unit, tests_dir, skip_ids, timeout_s, log_path, local_size
             if time.monotonic() - started > timeout_s:
                 _kill_group(proc)
                 what = running or f"{unit.path}::<collection>"
-                attempt.results.append((what, "timeout", f"killed after {timeout_s} s", float(timeout_s)))
+                result(what, "timeout", f"killed after {timeout_s} s", float(timeout_s))
                 echo(side, what, "timeout", float(timeout_s))
                 running = None
                 break
             time.sleep(POLL_S)
         attempt.returncode = proc.returncode
         if running is not None:  # the process ended inside a test
-            attempt.results.append((running, "crashed", f"pytest exited with {proc.returncode} inside the test", 0.0))
+            result(running, "crashed", f"pytest exited with {proc.returncode} inside the test", 0.0)
             echo(side, running, "crashed", 0.0)
     for name in _shm_names() - shm_before:
         (SHM_DIR / name).unlink(missing_ok=True)
@@ -158,10 +167,12 @@ def run_unit(side, unit, tests_dir, outcomes, timeout_s, log_dir, local_size=8, 
     collected = set()
     while True:
         known = set(outcomes.of_unit(unit.key))
-        attempt = run_attempt(side, unit, tests_dir, known, timeout_s, log_path, local_size, echo)
-        collected |= set(attempt.collected)
-        for test_id, outcome, reason, duration in attempt.results:
+
+        def keep(test_id, outcome, reason, duration):
             outcomes.record(test_id, outcome, reason, duration, unit.key)
+
+        attempt = run_attempt(side, unit, tests_dir, known, timeout_s, log_path, local_size, echo, keep)
+        collected |= set(attempt.collected)
         remaining = collected - set(outcomes.of_unit(unit.key))
         if not attempt.collected and not attempt.results and attempt.returncode not in (0, 5):
             # pytest stopped before collecting anything (5 is "no tests collected": e.g. all deselected).
