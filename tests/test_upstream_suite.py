@@ -176,6 +176,16 @@ run_unit(Side("fork", sys.executable, root / "ext", str(root)), Unit("unit/test_
 """
 
 
+def orphans(root):
+    """Processes still running in the synthetic tree (the runner's pytest children)."""
+    import psutil
+    found = []
+    for proc in psutil.process_iter(["cwd"]):
+        if (proc.info.get("cwd") or "").startswith(str(root)):
+            found.append(proc.pid)
+    return found
+
+
 def test_outcomes_are_kept_when_the_runner_is_killed_inside_a_file(tmp_path):
     """A long tier is stopped wherever it is (a session ends): what finished before must be on disk."""
     synthetic_tree(tmp_path)
@@ -192,6 +202,10 @@ def test_outcomes_are_kept_when_the_runner_is_killed_inside_a_file(tmp_path):
         os.killpg(runner.pid, signal.SIGKILL)
         runner.wait()
     assert results.exists(), "nothing was written while the file ran: a killed runner loses the whole file"
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and orphans(tmp_path):
+        time.sleep(0.2)
+    assert not orphans(tmp_path), "the runner's pytest process outlived it"
     kept = json.loads(results.read_text())["tests"]
     assert {"unit/test_synthetic.py::test_passes", "unit/test_synthetic.py::test_fails", xfails} <= set(kept)
     assert "unit/test_synthetic.py::test_hangs" not in kept

@@ -10,6 +10,7 @@ processes included) and recorded as ``timeout``; a process that dies inside a te
 already have an outcome, so one hang costs one test, not the tier.
 """
 
+import ctypes
 import json
 import os
 import signal
@@ -76,6 +77,14 @@ def _read_events(path, offset):
     return [json.loads(line) for line in complete.splitlines() if line.strip()], offset + len(complete)
 
 
+def _die_with_the_runner():
+    """In the child: SIGKILL it when the runner dies (Linux), so no orphaned pytest runs on alone."""
+    try:
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def _kill_group(proc):
     try:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -122,7 +131,8 @@ def run_attempt(side, unit, tests_dir, skip_ids, timeout_s, log_path, local_size
                                 stdout=log,
                                 stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL,
-                                start_new_session=True)
+                                start_new_session=True,
+                                preexec_fn=_die_with_the_runner)
         while True:
             finished = proc.poll() is not None
             events, offset = _read_events(events_path, offset)
