@@ -162,6 +162,7 @@ def run(args):
     pin = load_pin()
 
     fork_info = describe_python(args.fork_python)
+    infos = {"fork": fork_info}  # each interpreter is probed once (the probe imports deepspeed: seconds)
     if "+gafix." not in fork_info["deepspeed"]:
         raise SetupError(f"--fork-python {args.fork_python} has deepspeed {fork_info['deepspeed']}, not the fork")
     replay = args.pristine_baseline is not None
@@ -194,13 +195,14 @@ def run(args):
             raise SetupError(f"the two interpreters have different packages installed ({', '.join(only[:6])}"
                              f"{' ...' if len(only) > 6 else ''}): install the same in both (docs/upstream_suite.md)")
         sides.append(Side("pristine", python, work_dir / "torch_extensions-pristine", info["package_dir"]))
+        infos["pristine"] = info
 
     results, trees = {}, {}
     for side in sides:
         # What this side's outcomes depend on: the tests, the environment and this side's own code (so
         # pristine's survive a new fork build, and a rebuilt fork with an unchanged label does not resume).
         side_identity = {key: identity[key] for key in baseline.KEYS if key != "pristine_version"}
-        info = describe_python(side.python)
+        info = infos[side.name]
         side_identity.update(deepspeed=info["deepspeed"],
                              package_sha256=baseline.tree_sha256(side.package_dir),
                              packages_sha256=hashlib.sha256("\n".join(info["packages"]).encode()).hexdigest())
