@@ -4,7 +4,8 @@
 """The fork's own pip extras, added to upstream's when its setup.py runs.
 
 ``pip install ".[hf]"`` installs the transformers and accelerate versions the fork is tested with,
-listed in ``requirements-hf.txt`` (tests/requirements.txt reads the same file).
+listed in ``requirements-hf.txt``; ``.[plot]`` matplotlib, for ``ds_gas_check --plot``
+(``requirements-plot.txt``). tests/requirements.txt reads the same files.
 """
 
 import functools
@@ -12,7 +13,7 @@ from pathlib import Path
 
 from .errors import BuildError
 
-EXTRAS = {"hf": "requirements-hf.txt"}
+EXTRAS = {"hf": "requirements-hf.txt", "plot": "requirements-plot.txt"}
 
 
 def read_extras(repo):

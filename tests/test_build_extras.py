@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 
 # DeepSpeed Team
-"""The fork's pip extras (``.[hf]``): read from requirements-hf.txt, added to upstream's, never replacing one."""
+"""The fork's pip extras (``.[hf]``, ``.[plot]``): read from requirements-<extra>.txt, added to upstream's,
+never replacing one."""
 
 import importlib.metadata
 import sys
@@ -16,12 +17,14 @@ from gafix_build import BuildError, read_extras, with_extras  # noqa: E402
 sys.path.remove(str(REPO))
 
 
-def test_hf_extra_is_read_from_its_file(tmp_path):
+def test_extras_are_read_from_their_files(tmp_path):
     (tmp_path / "requirements-hf.txt").write_text("# comment\ntransformers==1.0  # why\n\naccelerate==2.0\n")
-    assert read_extras(tmp_path) == {"hf": ["transformers==1.0", "accelerate==2.0"]}
+    (tmp_path / "requirements-plot.txt").write_text("matplotlib\n")
+    assert read_extras(tmp_path) == {"hf": ["transformers==1.0", "accelerate==2.0"], "plot": ["matplotlib"]}
 
 
 def test_missing_file_names_it(tmp_path):
+    (tmp_path / "requirements-plot.txt").write_text("matplotlib\n")
     with pytest.raises(BuildError, match="requirements-hf.txt: no such file"):
         read_extras(tmp_path)
 
@@ -38,8 +41,9 @@ def test_an_upstream_extra_of_the_same_name_is_refused():
 
 
 @pytest.mark.fork_only
-def test_installed_wheel_declares_the_hf_extra():
-    """The installed metadata carries exactly the pins of requirements-hf.txt under the extra 'hf'."""
+@pytest.mark.parametrize("extra", ["hf", "plot"])
+def test_installed_wheel_declares_the_extra(extra):
+    """The installed metadata carries exactly the pins of requirements-<extra>.txt under the extra."""
     declared = sorted(
-        r.split(";")[0].strip() for r in importlib.metadata.requires("deepspeed") or [] if 'extra == "hf"' in r)
-    assert declared == sorted(read_extras(REPO)["hf"])
+        r.split(";")[0].strip() for r in importlib.metadata.requires("deepspeed") or [] if f'extra == "{extra}"' in r)
+    assert declared == sorted(read_extras(REPO)[extra])

@@ -87,6 +87,32 @@ def test_control_loss_times_world_is_caught_as_world_size(launched):
         assert any("world size (2)" in line for line in row["diagnosis"]), row["diagnosis"]
 
 
+def test_control_constant_factor_names_no_cause(launched):
+    """x0.7349 on every split: near (GAS-1)/GAS at GAS 4 only, so no cause is named; the numbers are."""
+    rows = launched.case("control_constant_factor")[0]
+    for row in rows:
+        assert not row["passed"]
+        assert row["update_factor"] == pytest.approx(0.7349, rel=1e-3)
+        assert row["diagnosis"][0].startswith("no known cause"), row["diagnosis"]
+        assert "GAS 4: x0.7349" in row["diagnosis"][0]
+        assert not any("dropped" in line for line in row["diagnosis"]), row["diagnosis"]
+
+
+def test_no_reference_mode_compares_splits(launched):
+    rows = launched.case("zero1_fp32_no_reference")[0]
+    assert [r["compared_with"] for r in rows] == ["itself"] + ["split 16 x 1 x 2"] * 3
+    assert all(r["passed"] for r in rows), describe(rows)
+    assert all(r["update_errors"][-1] < 1e-5 for r in rows[1:])
+
+
+def test_user_pipeline_module_with_clipping(launched):
+    """A user's PipelineModule (--model) on token batches (--data): its reference is built from the layer list.
+    Fails on 0.19.8, whose clip norm misses the other stage (patch 0003)."""
+    ranks = launched.case("pipe2_user_transformer_clip")
+    assert [r["name"] for r in ranks[0]] == ["4 x 1 x 2", "2 x 2 x 2", "1 x 4 x 2"]
+    assert_gas_invariant(launched, "pipe2_user_transformer_clip")
+
+
 @pytest.mark.fork_only
 def test_command_line_on_example_config(tmp_path, extensions_dir):
     """`ds_gas_check --ranks 2` launches itself, prints the table and exits 0 on a good config."""

@@ -62,6 +62,11 @@ def multiplies_by_world(original, engine, loss):
     return original(engine, loss * dist.get_world_size())
 
 
+def scales_by_0_7349(original, engine, loss):
+    # A constant factor that is no known mistake (on an H100 one read as "(GAS-1)/GAS" at GAS 4).
+    return original(engine, loss * 0.7349)
+
+
 def force_fp16_on_cpu():
     """The CPU accelerator refuses fp16; the engine's fp16 paths are device-independent, so allow it here."""
     from deepspeed.accelerator import get_accelerator
@@ -160,10 +165,27 @@ for stage in range(4):
     CASES[f"zero{stage}_fp16_scale_growth"] = lambda stage=stage: check(zero(stage, **NO_CLIP, **SGD, **FP16_GROWING))
 CASES["control_forgets_to_divide"] = lambda: with_backward(forgets_to_divide, CONFIGS["zero1_fp32"])
 CASES["control_multiplies_by_world"] = lambda: with_backward(multiplies_by_world, CONFIGS["zero1_fp32"])
+CASES["control_constant_factor"] = lambda: with_backward(scales_by_0_7349, CONFIGS["zero1_fp32"])
+CASES["zero1_fp32_no_reference"] = lambda: check(CONFIGS["zero1_fp32"], reference=False)
+
+
+def user_pipeline_transformer():
+    """examples/gas_check_transformer.py's PipelineModule and token batches, as --model/--data give them."""
+    sys.path.insert(0, str(HERE.parents[1] / "examples"))
+    import gas_check_transformer as example
+    return check(dict(gradient_clipping=0.2, **SGD),
+                 make_model=example.make_pipeline,
+                 pipeline_stages=2,
+                 data=example.make_pipeline_batches,
+                 splits=((4, 1), (2, 2), (1, 4)),
+                 steps=2)
+
+
 # Last: the pipeline grid stays in deepspeed.utils.groups for the rest of the process.
 CASES["pipe2_fp32"] = lambda: check(dict(**NO_CLIP, **SGD), pipeline_stages=2)
 CASES["pipe2_fp32_clip"] = lambda: check(dict(gradient_clipping=0.5, **SGD), pipeline_stages=2)
 CASES["pipe2_bf16"] = lambda: check(dict(**NO_CLIP, **SGD, **BF16), pipeline_stages=2)
+CASES["pipe2_user_transformer_clip"] = user_pipeline_transformer
 
 if __name__ == "__main__":
     force_fp16_on_cpu()

@@ -5,8 +5,10 @@
 
 The same global batch is trained as micro-batch x GAS x ranks in several ways and compared with a
 plain fp64 PyTorch run from the same weights: the engine's reported grad norm and the fp32
-master-weight update after the first and the last step. A failing split comes with a diagnosis
-(the factor between observed and expected, matched against GAS, world size, loss scale...).
+master-weight update after the first and the last step. The model and data can be the user's own
+(``--model``, ``--data``, ``--loss``, ``--hf-model``). A failing check comes with a diagnosis that
+names a known mistake (summed over micro-batches, over ranks, a loss scale...) only when its factor
+explains every split.
 
 Only public DeepSpeed APIs are used, so it runs against pristine upstream too::
 
@@ -15,6 +17,6 @@ Only public DeepSpeed APIs are used, so it runs against pristine upstream too::
 """
 
 from .check import SplitResult, check_gas_invariance
-from .diagnosis import explain_factor
+from .diagnosis import Observation, explain
 
-__all__ = ["SplitResult", "check_gas_invariance", "explain_factor"]
+__all__ = ["SplitResult", "check_gas_invariance", "Observation", "explain"]

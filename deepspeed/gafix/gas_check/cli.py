@@ -11,9 +11,18 @@ split passes; 1 when one fails (with a diagnosis); 2 for bad input.
   ds_gas_check --config ds_config.json                    # 1 rank, in this process
   ds_gas_check --config ds_config.json --ranks 2          # 2 ranks through the deepspeed launcher
   deepspeed --num_gpus 2 --no_local_rank --module deepspeed.gafix.gas_check --config ds_config.json
+
+Your own model and data: --model pkg.mod:make_model (any nn.Module; a PipelineModule with
+--pipeline-stages), --data pkg.mod:make_batches (a list of (inputs, labels) tuples or dicts of
+tensors, one per step; it may take the keywords steps and global_batch_size), --loss pkg.mod:loss_fn
+(loss_fn(outputs, labels); without it the model returns the loss, as Hugging Face models do).
+--hf-model DIR: a local Hugging Face causal LM (config, with or without weights) on synthetic token
+batches of variable lengths. Models too large for an fp64 copy (or --no-reference) are checked by
+comparing the splits with the first one.
 """
 
 import argparse
+import inspect
 import json
 import os
 import socket
@@ -45,11 +54,23 @@ def parse_args(argv=None):
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", required=True, help="DeepSpeed config file (JSON)")
     parser.add_argument("--model",
-                        help="model factory 'module:function' (no arguments; maps [batch, 8] floats to "
-                        "[batch, 4]); default: a small built-in MLP")
+                        help="model factory 'module:function' (no arguments; returns an nn.Module, or a "
+                        "PipelineModule with --pipeline-stages); default: a small built-in MLP. Without --data it "
+                        "must map [batch, 8] floats to [batch, 4]")
+    parser.add_argument("--data",
+                        help="data factory 'module:function': returns the global batches, one per step, each an "
+                        "(inputs, labels) tuple or a dict of tensors; may take the keywords steps and "
+                        "global_batch_size")
+    parser.add_argument("--loss",
+                        help="loss factory 'module:function' called as loss(outputs, labels); default: the model "
+                        "returns its loss (model(**batch) or model(inputs, labels)), or MSE on the built-in data")
+    parser.add_argument("--hf-model",
+                        metavar="DIR",
+                        help="a local Hugging Face causal-LM directory (config.json, weights optional; nothing is "
+                        "downloaded), trained on synthetic token batches of variable lengths, padding masked")
     parser.add_argument("--splits",
-                        default="16x1,8x2,4x4,2x8",
-                        help="per-rank micro-batch x GAS splits of the same batch (default: %(default)s)")
+                        help="per-rank micro-batch x GAS splits of the same batch (default: 16x1,8x2,4x4,2x8, or "
+                        "halvings of --data's fixed batch)")
     parser.add_argument("--steps", type=int, default=3, help="optimizer steps compared (default: %(default)s)")
     parser.add_argument("--optimizer",
                         default="config",
@@ -66,9 +87,33 @@ def parse_args(argv=None):
                         help="training loop: backward()+step() on every micro-batch (default); "
                         "set_gradient_accumulation_boundary() and one step() per batch, as accelerate does; or "
                         "one step() per batch, for managed_gradient_accumulation: false")
+    reference = parser.add_mutually_exclusive_group()
+    reference.add_argument("--no-reference",
+                           dest="reference",
+                           action="store_const",
+                           const=False,
+                           default="auto",
+                           help="compare the splits with the first one instead of an fp64 reference (default: only "
+                           "when the model is too large for an fp64 copy)")
+    reference.add_argument("--reference",
+                           dest="reference",
+                           action="store_const",
+                           const=True,
+                           help="always train the fp64 reference, whatever the model's size")
     parser.add_argument("--ranks", type=int, default=1, help="ranks to launch when not under a launcher")
     parser.add_argument("--json", help="also write the results to this JSON file (rank 0)")
+    parser.add_argument("--plot", metavar="FILE.png", help="draw loss, grad norm and update error per step (rank 0)")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     return parser.parse_args(argv)
+
+
+def default_splits(per_rank):
+    """Up to four halvings of a per-rank batch: 16 -> 16x1, 8x2, 4x4, 2x8."""
+    splits, gas = [], 1
+    while per_rank % gas == 0 and len(splits) < 4:
+        splits.append((per_rank // gas, gas))
+        gas *= 2
+    return splits
 
 
 def parse_splits(text):
@@ -78,6 +123,8 @@ def parse_splits(text):
         splits = []
     if not splits or any(len(s) != 2 or min(s) < 1 for s in splits):
         raise ValueError(f"--splits '{text}': expected e.g. 16x1,8x2 (micro-batch x GAS, per rank)")
+    if len({micro * gas for micro, gas in splits}) != 1:
+        raise ValueError(f"--splits '{text}': micro-batch x GAS must be the same in every split (the same batch)")
     return splits
 
 
@@ -130,15 +177,58 @@ def single_process_env():
         os.environ.setdefault(key, value)
 
 
+def workload_factories(args):
+    """(make_model, data, loss_fn) from the command line; ``data`` takes (steps, global_batch_size)."""
+    from .batches import call_data_factory
+    from .models import builtin_model, load_factory
+    if args.hf_model and (args.model or args.data):
+        raise ValueError("--hf-model brings its own model and data: not with --model or --data")
+    if args.hf_model and args.pipeline_stages:
+        raise ValueError("--hf-model and --pipeline-stages: a Hugging Face model is not a PipelineModule")
+    if args.data and not args.model:
+        raise ValueError("--data needs --model: the built-in MLP takes the built-in data only")
+    if args.loss and not (args.data or args.hf_model):
+        raise ValueError("--loss needs --data (the built-in data has its own loss)")
+    loss_fn = load_factory(args.loss, "--loss") if args.loss else None
+    if args.hf_model:
+        from . import hf
+        return hf.model_factory(
+            args.hf_model), lambda steps, size: hf.token_batches(args.hf_model, steps, size), loss_fn
+    if args.model:
+        make_model = load_factory(args.model, "--model")
+    else:  # the built-in MLP (as a PipelineModule with --pipeline-stages: check.py builds that one)
+        make_model = None if args.pipeline_stages else builtin_model
+    if not args.data:
+        return make_model, None, None
+    factory = load_factory(args.data, "--data")
+
+    def data(steps, size):
+        return call_data_factory(factory, steps, size)
+
+    data.sized = "global_batch_size" in inspect.signature(factory).parameters
+    return make_model, data, loss_fn
+
+
+def fixed_data_splits(data, steps, world, pipeline_stages):
+    """Default splits for a data factory whose batch size is its own: halvings of its per-rank share."""
+    from .batches import check_batches
+    size = check_batches(data(steps, None), "--data")
+    dp_world = world // (pipeline_stages or 1)
+    if size % dp_world:
+        raise ValueError(f"--data gives global batches of {size} samples: not divisible by {dp_world} "
+                         "data-parallel rank(s)")
+    return default_splits(size // dp_world)
+
+
 def main(argv=None):
     args = parse_args(argv)
     try:
-        splits = parse_splits(args.splits)
+        splits = parse_splits(args.splits) if args.splits else None
         config, notes = load_config(args.config, args.optimizer)
-        from .models import builtin_model, load_model_factory
-        make_model = load_model_factory(args.model) if args.model else builtin_model
-        if args.model and args.pipeline_stages:
-            raise ValueError("--model and --pipeline-stages: the pipeline check uses its built-in model")
+        make_model, data, loss_fn = workload_factories(args)
+        if args.plot:
+            from .plot import pyplot
+            pyplot()
     except ValueError as err:
         print(f"ds_gas_check: error: {err}", file=sys.stderr)
         return 2
@@ -149,22 +239,47 @@ def main(argv=None):
 
     import deepspeed
     import deepspeed.comm as dist
-    from .check import check_gas_invariance, config_dtype, format_results
+    from .check import DEFAULT_SPLITS, check_gas_invariance, config_dtype, format_results
+    from .progress import Progress
     deepspeed.init_distributed()
+    rank0 = dist.get_rank() == 0
     try:
-        results = check_gas_invariance(config, make_model, splits, args.steps, args.pipeline_stages, args.loop)
+        if splits is None:
+            splits = (fixed_data_splits(data, args.steps, dist.get_world_size(), args.pipeline_stages)
+                      if args.data and not data.sized else list(DEFAULT_SPLITS))
+        progress = Progress(len(splits), enabled=rank0 and not args.quiet)
+        results = check_gas_invariance(config,
+                                       make_model,
+                                       splits,
+                                       args.steps,
+                                       args.pipeline_stages,
+                                       args.loop,
+                                       data=data,
+                                       loss_fn=loss_fn,
+                                       reference=args.reference,
+                                       progress=progress)
     except ValueError as err:
         print(f"ds_gas_check: error: {err}", file=sys.stderr)
         return 2
-    if dist.get_rank() == 0:
+    if rank0:
         zero = config.get("zero_optimization", {}).get("stage", 0)
+        what = (f"model {args.hf_model or args.model}, " if args.hf_model or args.model else "")
         title = (f"ds_gas_check: deepspeed {deepspeed.__version__}, {dist.get_world_size()} rank(s), {args.config}: "
-                 f"ZeRO {zero}, {config_dtype(config)}, optimizer {config['optimizer'].get('type')}, "
-                 f"{'pipeline %d stages, ' % args.pipeline_stages if args.pipeline_stages else ''}{args.steps} steps")
+                 f"{what}ZeRO {zero}, {config_dtype(config)}, optimizer {config['optimizer'].get('type')}, "
+                 f"{'pipeline %d stages, ' % args.pipeline_stages if args.pipeline_stages else ''}"
+                 f"{len(results[0].update_errors)} steps")
         print("\n".join([format_results(results, title)] + [f"note: {n}" for n in notes]), flush=True)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump([dict(vars(r), name=r.name, passed=r.passed) for r in results], f, indent=1)
+        if args.plot:
+            from .plot import plot_check
+            try:
+                plot_check(args.plot, results, title)
+            except ValueError as err:
+                print(f"ds_gas_check: error: {err}", file=sys.stderr)
+                return 2
+            print(f"plot: {args.plot}")
     return 0 if all(r.passed for r in results) else 1
 
 

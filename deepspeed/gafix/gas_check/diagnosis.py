@@ -1,49 +1,103 @@
 # SPDX-License-Identifier: Apache-2.0
 
 # DeepSpeed Team
-"""Name the likely mistake behind a wrong update or norm from the factor between observed and expected."""
+"""Name the mistake behind a failed check only when it explains every split, else say so.
 
-MATCH = 0.03  # a factor within 3% of a candidate is taken as that candidate
+A known cause is a factor that depends on the split: gradients summed over micro-batches give an
+update of GAS times the right one, so 1x at GAS 1, 2x at GAS 2, 8x at GAS 8. One split's factor
+alone proves nothing (x0.7349 at GAS 4 is near (GAS-1)/GAS = 0.75 by chance), so a cause is named
+only when, on every split of the check (passing ones included: x GAS must leave GAS 1 alone):
 
+- the observed factor (least squares, observed update vs expected) is the cause's factor within
+  ``MATCH``, and
+- what is left after dividing the update by the cause's factor is within the check's tolerance
+  (the error is that factor and nothing more).
 
-def candidate_factors(gas, world, loss_scale=None):
-    """(factor, explanation) for the mistakes gradient accumulation is known to make."""
-    found = [
-        (gas, f"gradients look summed over micro-batches, not averaged: = GAS ({gas})"),
-        (1 / gas, f"gradients look divided by GAS twice, or only one micro-batch of {gas} kept: = 1/GAS"),
-        (world, f"gradients look summed over data-parallel ranks, not averaged: = world size ({world})"),
-        (1 / world, f"gradients look divided by the world size twice, or only one rank's kept: = 1/{world}"),
-        ((gas - 1) / gas, f"one micro-batch of {gas} looks dropped from the average: = (GAS-1)/GAS"),
-    ]
-    # Only where they differ from the readings above (GAS=1, one rank, GAS=2).
-    if gas > 1 and world > 1:
-        found += [
-            (gas * world, f"gradients look summed over micro-batches and ranks: = GAS x world size ({gas * world})"),
-            (1 / (gas * world), "gradients look divided by GAS x world size once too often: = 1/(GAS x world)"),
-        ]
-    if gas > 2:
-        found.append((gas / (gas - 1), "one micro-batch looks counted twice: = GAS/(GAS-1)"))
-    if loss_scale and loss_scale != 1:
-        found += [
-            (1 / loss_scale,
-             f"the loss looks never scaled, yet the gradients were divided by the loss scale: = 1/loss_scale ({loss_scale:g})"
-             ),
-            (loss_scale, f"the gradients look never unscaled: = loss_scale ({loss_scale:g})"),
-        ]
-    # A factor of 1 explains nothing (GAS=1 or one rank).
-    return [(f, text) for f, text in found if f > 0 and abs(f - 1) > MATCH]
+Otherwise the reading is "no known cause", with the factor and residual of every split.
+"""
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+MATCH = 0.03  # an observed factor within 3% of a cause's factor is taken as that factor
 
 
-def explain_factor(factor, gas, world, loss_scale=None):
-    """A one-line reading of ``factor`` (observed / expected), or None when it is 1."""
-    if factor != factor:  # nan
-        return "no usable factor (nan)"
-    if abs(factor - 1) <= MATCH / 3:
-        return None
-    # Several readings can share a factor (GAS = world size = 2): name them all.
-    readings = [
-        text for candidate, text in candidate_factors(gas, world, loss_scale) if abs(factor / candidate - 1) <= MATCH
-    ]
-    if readings:
-        return f"x{factor:.4g}: " + "; or ".join(readings)
-    return f"x{factor:.4g}: no clean factor (not GAS, world size, loss scale or their inverses)"
+@dataclass(frozen=True)
+class Cause:
+    mistake: str  # what the code did wrong
+    formula: str  # the factor in words, "{gas}", "{world}", "{scale}" filled in per split
+    factor: Callable  # (gas, world, loss_scale) -> the factor it puts on the update
+
+
+def _only_accumulating(factor):
+    # A micro-batch dropped or counted twice needs accumulation: at GAS 1 nothing is wrong.
+    return lambda gas, world, scale: factor(gas) if gas > 1 else 1.0
+
+
+CAUSES = (
+    Cause("gradients summed over micro-batches, not averaged", "GAS ({gas})", lambda gas, world, scale: gas),
+    Cause("gradients divided by GAS twice, or only one micro-batch of GAS kept", "1/GAS (1/{gas})",
+          lambda gas, world, scale: 1 / gas),
+    Cause("gradients summed over data-parallel ranks, not averaged", "world size ({world})",
+          lambda gas, world, scale: world),
+    Cause("gradients divided by the world size twice, or only one rank's kept", "1/world size (1/{world})",
+          lambda gas, world, scale: 1 / world),
+    Cause("gradients summed over micro-batches and ranks", "GAS x world size ({gas} x {world})",
+          lambda gas, world, scale: gas * world),
+    Cause("gradients divided by GAS x world size once too often", "1/(GAS x world size)",
+          lambda gas, world, scale: 1 / gas / world),
+    Cause("one micro-batch dropped from the average", "(GAS-1)/GAS", _only_accumulating(lambda gas: (gas - 1) / gas)),
+    Cause("one micro-batch counted twice", "(GAS+1)/GAS", _only_accumulating(lambda gas: (gas + 1) / gas)),
+    Cause("the gradients never unscaled", "loss scale ({scale:g})", lambda gas, world, scale: scale),
+    Cause("the loss never scaled, yet the gradients divided by the loss scale", "1/loss scale (1/{scale:g})",
+          lambda gas, world, scale: 1 / scale),
+)
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One split's step-1 update against the expected one, as sums over every parameter."""
+    gas: int
+    world: int
+    dot: float  # <observed, expected>
+    expected_sq: float  # <expected, expected>
+    observed_sq: float  # <observed, observed>
+
+    @property
+    def factor(self):
+        return self.dot / self.expected_sq if self.expected_sq else float("nan")
+
+    def residual(self, factor):
+        """||observed / factor - expected|| / ||expected||."""
+        if not self.expected_sq or not factor:
+            return float("nan")
+        left = self.observed_sq / factor**2 - 2 * self.dot / factor + self.expected_sq
+        return math.sqrt(max(left, 0.0) / self.expected_sq)
+
+
+def cause_fits(cause, observations, tolerance, loss_scale):
+    """True when ``cause`` explains the factor and leaves a residual within ``tolerance`` on every split."""
+    if loss_scale is None and "{scale" in cause.formula:
+        return False
+    predicted = [cause.factor(o.gas, o.world, loss_scale or 1.0) for o in observations]
+    if all(abs(p - 1) <= MATCH for p in predicted):
+        return False  # a factor of 1 on every split explains nothing
+    return all(abs(o.factor / p - 1) <= MATCH and o.residual(p) <= tolerance for o, p in zip(observations, predicted))
+
+
+def explain(observations, tolerance, loss_scale=None):
+    """The causes that explain every split (usually one; several when the splits cannot tell them apart)."""
+    if not observations or any(math.isnan(o.factor) for o in observations):
+        return []
+    return [cause for cause in CAUSES if cause_fits(cause, observations, tolerance, loss_scale)]
+
+
+def describe(cause, observation, loss_scale=None):
+    formula = cause.formula.format(gas=observation.gas, world=observation.world, scale=loss_scale or 1.0)
+    return f"{cause.mistake}: update x{observation.factor:.4g} = {formula}, as on every split"
+
+
+def no_known_cause(observations):
+    numbers = ", ".join(f"GAS {o.gas}: x{o.factor:.4g} (residual {o.residual(o.factor):.1e})" for o in observations)
+    return f"no known cause: the step-1 update factors do not fit one mistake on every split ({numbers})"

@@ -1,11 +1,29 @@
 # SPDX-License-Identifier: Apache-2.0
 
 # DeepSpeed Team
-"""The fp64 reference: plain PyTorch, one process, the whole global batch per step."""
+"""The fp64 reference: plain PyTorch, one process, from the engine's own initial weights.
+
+DeepSpeed's contract under gradient accumulation: the gradient of a step is the mean, over every
+micro-batch of every data-parallel rank, of the gradient of that micro-batch's loss. The reference
+computes exactly that, with the same micro-batches, in fp64. When each micro-batch holds the same
+number of items and the loss is a mean over them, that is the mean over the global batch whatever the
+split; when the item counts vary (padded tokens), it is not, and ``loss_normalization_gap`` says by
+how much (a property of the loss and data, not of DeepSpeed).
+"""
+
+import copy
+from dataclasses import dataclass, field
 
 import torch
 
-from .data import loss_fn
+from .batches import model_loss, rows, to
+
+
+@dataclass
+class ReferenceRun:
+    norms: list = field(default_factory=list)  # the global grad norm of each step (before clipping)
+    losses: list = field(default_factory=list)  # the mean micro-batch loss of each step
+    weights: list = field(default_factory=list)  # {name: fp64 tensor} before the first step and after each
 
 
 def reference_optimizer(params, optimizer_config):
@@ -27,29 +45,94 @@ def reference_optimizer(params, optimizer_config):
 
 
 def global_norm(parameters):
-    return torch.linalg.vector_norm(torch.stack([p.grad.detach().norm() for p in parameters if p.grad is not None]))
+    grads = [p.grad.detach().norm() for p in parameters if p.grad is not None]
+    return torch.linalg.vector_norm(torch.stack(grads)) if grads else torch.tensor(0.0, dtype=torch.float64)
 
 
 def named_weights(model):
     return {name: p.detach().clone() for name, p in model.named_parameters()}
 
 
-def reference_run(make_model, batches, optimizer_config, clip):
-    """Train ``batches`` in fp64; return the grad norm of each step and the weights before and after each."""
-    model = make_model().double()
-    optimizer = reference_optimizer(model.parameters(), optimizer_config)
-    norms, weights = [], [named_weights(model)]
-    for inputs, targets in batches:
+def load_weights(model, weights, source):
+    """Set ``model``'s parameters (already fp64) to ``weights`` by name; every parameter must be there."""
+    params = dict(model.named_parameters())
+    missing = sorted(set(params) - set(weights))
+    if missing:
+        raise ValueError(f"{source}: the engine has no parameter named {missing[:3]}: the reference model must have "
+                         "the engine's parameter names")
+    with torch.no_grad():
+        for name, param in params.items():
+            if weights[name].shape != param.shape:
+                raise ValueError(f"{source}: parameter {name} has shape {tuple(weights[name].shape)} in the engine, "
+                                 f"{tuple(param.shape)} in the reference model")
+            param.copy_(weights[name])
+
+
+def reference_run(model, batches, micro_batches, optimizer_config, clip, loss_fn=None, dtype=torch.float64):
+    """Train ``model`` on ``batches``, each split in ``micro_batches`` equal parts whose gradients are
+    averaged, as the engine does over GAS x data-parallel ranks (1: the global batch at once).
+
+    ``dtype`` float64 (the reference) or float32: the model runs in it. bfloat16/float16: plain PyTorch's
+    mixed precision, the way the engine does it: forward and backward in ``dtype``, each micro-batch's
+    gradient added in fp32 to fp32 master weights, which the optimizer updates. A run in the engine's own
+    precision shows how far rounding alone moves this model from the fp64 reference.
+    """
+    low_precision = dtype in (torch.bfloat16, torch.float16)
+    master = model.to(torch.float32 if low_precision else dtype)
+    master.train()
+    work = copy.deepcopy(master).to(dtype) if low_precision else master
+    params = [p for p in master.parameters() if p.requires_grad]
+    work_params = [p for p in work.parameters() if p.requires_grad]
+    optimizer = reference_optimizer(params, optimizer_config)
+    run = ReferenceRun(weights=[named_weights(master)])
+    for batch in batches:
+        batch = to(batch, "cpu", dtype)
+        size = len(next(iter(batch.values())) if isinstance(batch, dict) else batch[0]) // micro_batches
         optimizer.zero_grad()
-        loss_fn(model(inputs.double()), targets.double()).double().backward()
-        norm = global_norm(model.parameters()).item()
+        total = 0.0
+        for k in range(micro_batches):
+            loss = model_loss(work, rows(batch, k * size, (k + 1) * size), loss_fn)
+            (loss / micro_batches).backward()
+            total += loss.item()
+            if low_precision:
+                for p, w in zip(params, work_params):
+                    if w.grad is not None:
+                        p.grad = w.grad.float() if p.grad is None else p.grad + w.grad.float()
+                        w.grad = None
+        norm = global_norm(params).item()
         if clip > 0:
             # DeepSpeed's rule, as torch.nn.utils.clip_grad_norm_: scale when the norm exceeds clip.
             coef = clip / (norm + 1e-6)
             if coef < 1:
-                for p in model.parameters():
-                    p.grad.mul_(coef)
+                for p in params:
+                    if p.grad is not None:
+                        p.grad.mul_(coef)
         optimizer.step()
-        norms.append(norm)
-        weights.append(named_weights(model))
-    return norms, weights
+        if low_precision:
+            with torch.no_grad():
+                for p, w in zip(params, work_params):
+                    w.copy_(p)
+        run.norms.append(norm)
+        run.losses.append(total / micro_batches)
+        run.weights.append(named_weights(master))
+    return run
+
+
+def run_errors(run, reference):
+    """Per step: (norm error, update error) of ``run`` against ``reference``, relative."""
+    errors = []
+    for step in range(1, len(reference.weights)):
+        norm = abs(run.norms[step - 1] - reference.norms[step - 1]) / (reference.norms[step - 1] or 1.0)
+        errors.append((norm, update_gap(run, reference, step)))
+    return errors
+
+
+def update_gap(run, other, step=1):
+    """||update_run - update_other|| / ||update_other|| after ``step`` steps."""
+    diff_sq = ref_sq = 0.0
+    for name, start in other.weights[0].items():
+        expected = (other.weights[step][name] - start).double()
+        observed = (run.weights[step][name] - run.weights[0][name]).double()
+        diff_sq += ((observed - expected)**2).sum().item()
+        ref_sq += (expected * expected).sum().item()
+    return (diff_sq / ref_sq)**0.5 if ref_sq else 0.0

@@ -1,0 +1,75 @@
+# SPDX-License-Identifier: Apache-2.0
+
+# DeepSpeed Team
+"""``--plot FILE.png``: loss, grad norm and update error per step, one line per split, and the reference.
+
+Needs matplotlib (``pip install "deepspeed[plot]"``). The first two panels show whether a split's run
+leaves the reference; the third, on a log scale with the tolerance drawn, shows by how much.
+"""
+
+import math
+
+
+def pyplot():
+    try:
+        import matplotlib
+    except ImportError:
+        raise ValueError(
+            "--plot needs matplotlib: pip install 'deepspeed[plot]' (or pip install matplotlib)") from None
+    matplotlib.use("Agg")  # files only: no display is needed or wanted
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def plot_check(path, results, title):
+    """Draw ``results`` (one SplitResult per split) into ``path``."""
+    plt = pyplot()
+    steps = list(range(1, len(results[0].losses) + 1))
+    fig, (loss_ax, norm_ax, error_ax) = plt.subplots(1, 3, figsize=(15, 4.6), constrained_layout=True)
+    reference = results[0]
+    label = "fp64 reference" if reference.compared_with == "fp64 reference" else f"split {reference.name}"
+    markers = "osD^v<>p*h"
+    for index, result in enumerate(results):
+        color = f"C{index % 10}"
+        style = dict(marker=markers[index % len(markers)],
+                     color=color,
+                     linestyle="-" if result.passed else ":",
+                     label=f"{result.name} {'PASS' if result.passed else 'FAIL'}",
+                     zorder=2)
+        # Each split's own expectation, dashed in its colour: the reference averages the same micro-batches'
+        # losses, which differs between splits when the loss is a mean over varying item counts.
+        expected = dict(color=color, linestyle="--", linewidth=3, alpha=0.35, zorder=1)
+        loss_ax.plot(steps, result.expected_losses, **expected)
+        loss_ax.plot(steps, result.losses, **style)
+        if not any(math.isnan(n) for n in result.expected_norms):
+            norm_ax.plot(steps, result.expected_norms, **expected)
+        if not any(math.isnan(n) for n in result.norms):
+            norm_ax.plot(steps, result.norms, **style)
+        # An error of 0 (a split compared with itself) cannot sit on a log axis.
+        errors = [max(e, 1e-12) for e in result.update_errors]
+        error_ax.plot(steps, errors, **style)
+    loss_ax.plot([], [], color="gray", linestyle="--", linewidth=3, alpha=0.35, label=f"{label} (same colour)")
+    if all(math.isnan(n) for r in results for n in r.norms):
+        norm_ax.text(0.5,
+                     0.5,
+                     "the engine reports no grad norm\n(get_global_grad_norm() is None)",
+                     transform=norm_ax.transAxes,
+                     ha="center",
+                     va="center",
+                     color="red")
+    tolerances = sorted({r.tolerance for r in results})
+    for tol in tolerances:
+        error_ax.axhline(tol, color="red", linewidth=1, linestyle="--")
+    error_ax.text(steps[0], tolerances[-1], " tolerance", color="red", va="bottom")
+    error_ax.set_yscale("log")
+    loss_ax.set_title("loss (mean over micro-batches); dashed: expected")
+    norm_ax.set_title("global grad norm (reported); dashed: expected")
+    error_ax.set_title(f"update error vs {label}")
+    for ax in (loss_ax, norm_ax, error_ax):
+        ax.set_xlabel("step")
+        ax.set_xticks(steps)
+        ax.grid(True, alpha=0.3)
+    loss_ax.legend(fontsize=8, title="micro x GAS x ranks", title_fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,151 @@
+# SPDX-License-Identifier: Apache-2.0
+
+# DeepSpeed Team
+"""ds_gas_check's diagnosis names a cause only when it explains every split (no launch: injected errors).
+
+Each case builds, per split, the update a buggy engine would produce from per-micro-batch gradients
+(distinct per micro-batch, as the checker's data makes them), and feeds the sums the checker measures
+to ``diagnosis.explain``.
+"""
+
+import pytest
+import torch
+
+from deepspeed.gafix.gas_check.diagnosis import Observation, explain, no_known_cause
+
+pytestmark = pytest.mark.fork_only
+
+WORLD = 2
+SPLITS = (1, 2, 4, 8)  # GAS of the default splits 16x1, 8x2, 4x4, 2x8
+TOLERANCE = 1e-5  # fp32
+
+
+def micro_gradients(gas, spread, seed=0):
+    """GAS x WORLD micro-batch gradients: a common direction plus ``spread`` times a per-micro-batch part."""
+    gen = torch.Generator().manual_seed(seed)
+    common = torch.randn(500, generator=gen, dtype=torch.float64)
+    return [common + spread * torch.randn(500, generator=gen, dtype=torch.float64) for _ in range(gas * WORLD)]
+
+
+def observe(gas, engine, spread):
+    grads = micro_gradients(gas, spread, seed=gas)
+    expected = sum(grads) / len(grads)
+    observed = engine(grads, gas)
+    return Observation(gas, WORLD, float(observed @ expected), float(expected @ expected), float(observed @ observed))
+
+
+def correct(grads, gas):
+    return sum(grads) / len(grads)
+
+
+def times_gas(grads, gas):  # scale_wrt_gas=False: summed over micro-batches
+    return sum(grads) / WORLD
+
+
+def over_gas(grads, gas):  # divided by GAS twice
+    return sum(grads) / len(grads) / gas
+
+
+def times_world(grads, gas):  # summed over ranks
+    return sum(grads) / gas
+
+
+def drops_last_micro_batch(grads, gas):  # each rank's last micro-batch left out of the accumulation
+    if gas == 1:
+        return correct(grads, gas)
+    kept = [g for i, g in enumerate(grads) if i % gas != gas - 1]
+    return sum(kept) / len(grads)
+
+
+def constant_0_7349(grads, gas):  # the H100 case: x0.7349 on every split, near (GAS-1)/GAS only at GAS 4
+    return 0.7349 * correct(grads, gas)
+
+
+def explained(engine, spread=0.5):
+    observations = [observe(gas, engine, spread) for gas in SPLITS]
+    return [cause.mistake for cause in explain(observations, TOLERANCE)], observations
+
+
+@pytest.mark.parametrize("engine, mistake", [
+    (times_gas, "gradients summed over micro-batches, not averaged"),
+    (over_gas, "gradients divided by GAS twice, or only one micro-batch of GAS kept"),
+    (times_world, "gradients summed over data-parallel ranks, not averaged"),
+])
+def test_a_factor_that_fits_every_split_is_named(engine, mistake):
+    causes, _ = explained(engine)
+    assert causes == [mistake]
+
+
+def test_a_constant_factor_near_one_splits_cause_is_not_named():
+    causes, observations = explained(constant_0_7349)
+    assert causes == []
+    assert abs(observations[2].factor - 0.75) < 0.03, "GAS 4 alone would have read as (GAS-1)/GAS"
+    line = no_known_cause(observations)
+    assert line.startswith("no known cause") and "GAS 4: x0.7349" in line and "GAS 1: x0.7349" in line
+
+
+def test_a_dropped_micro_batch_is_named_only_when_the_factor_is_all_there_is():
+    # Micro-batches with the same gradient: the update is exactly (GAS-1)/GAS of the right one.
+    causes, _ = explained(drops_last_micro_batch, spread=0.0)
+    assert causes == ["one micro-batch dropped from the average"]
+    # Distinct micro-batch gradients: the factor is near (GAS-1)/GAS but the direction moved too.
+    causes, observations = explained(drops_last_micro_batch, spread=0.5)
+    assert causes == []
+    assert all(o.residual(o.factor) > 1e-3 for o in observations[1:])
+
+
+def test_a_correct_engine_explains_nothing():
+    causes, observations = explained(correct)
+    assert causes == [] and all(abs(o.factor - 1) < 1e-12 for o in observations)
+
+
+def test_a_single_split_cannot_name_a_cause_its_factor_only_resembles():
+    # GAS 2 with 2 ranks: x2 is GAS and world size alike; with only that split both fit (named together),
+    # with the GAS 1 split beside it only the world size does.
+    both = [observe(2, times_world, 0.5)]
+    assert [c.mistake for c in explain(both, TOLERANCE)] == [
+        "gradients summed over micro-batches, not averaged", "gradients summed over data-parallel ranks, not averaged"
+    ]
+    two = [observe(1, times_world, 0.5), observe(2, times_world, 0.5)]
+    assert [c.mistake for c in explain(two, TOLERANCE)] == ["gradients summed over data-parallel ranks, not averaged"]
+
+
+def test_loss_scale_causes_need_a_loss_scale():
+    observations = [Observation(gas, WORLD, dot=1 / 256, expected_sq=1.0, observed_sq=(1 / 256)**2) for gas in SPLITS]
+    assert explain(observations, TOLERANCE) == []
+    assert [c.formula for c in explain(observations, TOLERANCE, loss_scale=256)] == ["1/loss scale (1/{scale:g})"]
+
+
+def split_result(gas, update_error, compared_with="fp64 reference", **fields):
+    from deepspeed.gafix.gas_check.check import SplitResult
+    return SplitResult(micro=16 // gas,
+                       gas=gas,
+                       world=WORLD,
+                       norm_error=0.0,
+                       update_errors=[update_error],
+                       update_factor=1.0,
+                       norm_factor=1.0,
+                       tolerance=TOLERANCE,
+                       compared_with=compared_with,
+                       **fields)
+
+
+def test_the_table_says_what_the_splits_were_compared_with():
+    from deepspeed.gafix.gas_check.check import format_results
+    with_reference = format_results([split_result(1, 0.0), split_result(2, 1e-7)], "title")
+    assert "compared with" not in with_reference
+    without = format_results([split_result(1, 0.0, "itself"), split_result(2, 1e-7, "split 16 x 1 x 2")], "title")
+    assert "compared with: split 16 x 1 x 2 (no fp64 reference" in without
+
+
+def test_the_table_says_when_the_models_rounding_raised_the_tolerance():
+    from deepspeed.gafix.gas_check.check import format_results
+    raised = split_result(1, 1e-4, noise_floor=2e-5, tolerance_for_dtype=TOLERANCE, floor_factor=10)
+    raised.tolerance = 2e-4
+    text = format_results([raised], "title")
+    assert "tolerance: 2.0e-04, 10 x what rounding alone gives this model in plain PyTorch (up to 2.0e-05)" in text
+    capped = split_result(1, 1e-2, noise_floor=2e-2, tolerance_for_dtype=2e-2, floor_factor=3)
+    capped.tolerance = 5e-2
+    text = format_results([capped], "title")
+    assert "3 x what rounding alone gives this model in plain PyTorch (up to 2.0e-02)" in text
+    assert "the tolerance stays at 5e-02" in text
