@@ -84,7 +84,10 @@ def test_hf_model_passes_with_table_plot_and_progress(tmp_path, tiny_llama, exte
 
 
 def test_own_transformer_factories_pass_with_adam(tmp_path, extensions_dir):
-    """--model/--data/--loss; AdamW in fp32, whose update rounding the tolerance has to model."""
+    """--model/--data/--loss; AdamW in fp32, whose update rounding the tolerance has to model.
+
+    One rank, in the command's own process (tests/test_gas_check.py runs user factories on 2 ranks).
+    """
     results = tmp_path / "results.json"
     config = write_config(tmp_path / "ds.json",
                           zero_optimization={"stage": 1},
@@ -98,8 +101,7 @@ def test_own_transformer_factories_pass_with_adam(tmp_path, extensions_dir):
                           })
     proc = ds_gas_check([
         "--config", config, "--model", "gas_check_transformer:make_model", "--data",
-        "gas_check_transformer:make_batches", "--loss", "gas_check_transformer:token_loss", "--ranks", "2", *SPLITS,
-        "--json",
+        "gas_check_transformer:make_batches", "--loss", "gas_check_transformer:token_loss", *SPLITS, "--json",
         str(results), "--quiet"
     ],
                         extensions_dir,
@@ -120,11 +122,11 @@ def test_own_transformer_factories_pass_with_adam(tmp_path, extensions_dir):
     (["--loss", "gas_check_transformer:token_loss"], "--loss needs --data"),
     (["--splits", "4x1,3x2"], "--splits '4x1,3x2': micro-batch x GAS must be the same in every split"),
 ])
-def test_bad_input_names_the_option(tmp_path, extensions_dir, args, message):
+def test_bad_input_names_the_option(tmp_path, capsys, monkeypatch, args, message):
+    # In this process: every such error is found before deepspeed is initialized.
+    from deepspeed.gafix.gas_check.cli import main
+    monkeypatch.chdir(REPO / "examples")
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the checker puts the working directory on it
     config = write_config(tmp_path / "ds.json")
-    proc = ds_gas_check(["--config", config, *[a.format(tmp=tmp_path) for a in args]],
-                        extensions_dir,
-                        cwd=REPO / "examples",
-                        timeout=300)
-    assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert f"ds_gas_check: error: {message.format(tmp=tmp_path)}" in proc.stderr
+    assert main(["--config", config, *[a.format(tmp=tmp_path) for a in args]]) == 2
+    assert f"ds_gas_check: error: {message.format(tmp=tmp_path)}" in capsys.readouterr().err

@@ -255,14 +255,19 @@ def upstream_tests_or_skip():
 
 
 @pytest.mark.fork_only
-def test_patch_tier_has_no_regression(tmp_path):
-    """Upstream's tests of what the patches touch: fork vs pristine 0.19.8's recorded outcomes."""
+def test_patch_tier_has_no_regression(tmp_path, extensions_dir):
+    """Upstream's tests of what the patches touch: fork vs pristine 0.19.8's recorded outcomes.
+
+    The fork side loads its ops from the run's extensions directory, where this install built them
+    already in CI (the demo): their JIT builds would cost the patch tier minutes.
+    """
     upstream_tests_or_skip()
     report = tmp_path / "patch-tier.md"
     proc = subprocess.run([
         sys.executable,
         str(REPO / "tools" / "run-upstream-suite"), "--tier", "patch", "--pristine-baseline", "--work-dir",
-        str(tmp_path / "work"), "--report",
+        str(tmp_path / "work"), "--fork-extensions-dir",
+        str(extensions_dir), "--report",
         str(report), "--timeout", "300"
     ],
                           stdout=subprocess.PIPE,
