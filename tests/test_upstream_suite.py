@@ -297,3 +297,20 @@ def test_runner_refuses_a_missing_tests_directory(tmp_path):
         stderr=subprocess.STDOUT,
         text=True)
     assert proc.returncode == 2 and "no upstream tests directory" in proc.stdout, proc.stdout
+
+
+def test_a_build_lock_left_by_a_killed_build_is_removed_before_the_next_test_process(tmp_path):
+    """A JIT build killed mid-way leaves <op>/lock; torch then waits for it forever in every later test."""
+    tests = synthetic_tree(tmp_path)
+    extensions = tmp_path / "ext"
+    (extensions / "some_op").mkdir(parents=True)
+    (extensions / "some_op" / "lock").write_text("")
+    (extensions / "some_op" / "some_op.so").write_text("")
+    side = Side("fork", sys.executable, extensions, package_dir=str(tmp_path))
+    outcomes = SideOutcomes(tmp_path / "results.json", {"who": "test"})
+    run_unit(side, Unit("unit/test_synthetic.py", "test_passes"), tests, outcomes, 60, tmp_path / "logs", 0)
+    assert outcomes.tests["unit/test_synthetic.py::test_passes"]["outcome"] == "passed"
+    assert not (extensions / "some_op" / "lock").exists()
+    assert (extensions / "some_op" / "some_op.so").exists(), "only the lock goes"
+    log = next((tmp_path / "logs").glob("*.fork.log")).read_text()
+    assert "removed a JIT build lock left by a killed build" in log

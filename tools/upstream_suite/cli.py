@@ -124,10 +124,12 @@ def parse_args(argv):
     parser.add_argument("--results-dir",
                         help="where results-<side>.json live (default: the work dir); keep them to resume a long "
                         "tier in a later sitting")
-    parser.add_argument("--fork-extensions-dir",
-                        help="TORCH_EXTENSIONS_DIR for the fork side (default <work-dir>/torch_extensions-fork): "
-                        "one where the same fork install already built its ops saves their JIT builds (minutes "
-                        "on a CPU). The pristine side always builds in its own (its ops share the fork's names)")
+    parser.add_argument(
+        "--fork-extensions-dir",
+        help="TORCH_EXTENSIONS_DIR for the fork side (default <work-dir>/torch_extensions-fork): "
+        "one where the same fork install already built its ops saves their JIT builds (minutes "
+        "on a CPU; stale JIT build locks there are removed before each test file, so nothing else may build in "
+        "it meanwhile). The pristine side always builds in its own (its ops share the fork's names)")
     parser.add_argument("--timeout", type=int, default=600, help="seconds one test may run before it is killed")
     parser.add_argument("--local-size", type=int, default=8, help="LOCAL_SIZE for the CPU accelerator; 0 on GPUs")
     parser.add_argument("--report", help="Markdown report path (default <work-dir>/report.md; JSON beside it)")

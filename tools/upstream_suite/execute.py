@@ -101,6 +101,22 @@ class Attempt:
     tail: str = ""
 
 
+def remove_stale_build_locks(extensions_dir):
+    """Delete the ``lock`` files torch's JIT builder left in ``extensions_dir``; return their paths.
+
+    torch creates ``<op>/lock`` while it builds an op and deletes it after; a build killed in between
+    (a test past its timeout, a stopped runner) leaves it behind, and every later load of that op
+    waits for it forever: each following test of the side hangs until its timeout. Between two
+    pytest processes of a side nothing builds in its extensions directory (one process at a time, the
+    directory is the runner's), so any lock found there is stale.
+    """
+    root = Path(extensions_dir)
+    locks = sorted(root.glob("*/lock")) if root.is_dir() else []
+    for lock in locks:
+        lock.unlink(missing_ok=True)
+    return locks
+
+
 def run_attempt(side, unit, tests_dir, skip_ids, timeout_s, log_path, local_size, echo, on_result):
     """One pytest process over ``unit`` minus ``skip_ids``; kills it when a test exceeds ``timeout_s``.
 
@@ -123,6 +139,8 @@ def run_attempt(side, unit, tests_dir, skip_ids, timeout_s, log_path, local_size
     shm_before = _shm_names()
     running, started, offset = None, time.monotonic(), 0
     with open(log_path, "a") as log:
+        for lock in remove_stale_build_locks(side.extensions_dir):
+            log.write(f"removed a JIT build lock left by a killed build: {lock}\n")
         log.write(f"\n$ {' '.join(command)}\n")
         log.flush()
         proc = subprocess.Popen(command,
