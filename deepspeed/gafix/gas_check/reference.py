@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .batches import model_loss, rows, to
+from .batches import batch_size, model_loss, rows, to
 
 
 @dataclass
@@ -87,7 +87,7 @@ def reference_run(model, batches, micro_batches, optimizer_config, clip, loss_fn
     run = ReferenceRun(weights=[named_weights(master)])
     for batch in batches:
         batch = to(batch, "cpu", dtype)
-        size = len(next(iter(batch.values())) if isinstance(batch, dict) else batch[0]) // micro_batches
+        size = batch_size(batch) // micro_batches
         optimizer.zero_grad()
         total = 0.0
         for k in range(micro_batches):
