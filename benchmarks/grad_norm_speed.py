@@ -7,7 +7,9 @@
 Side by side in one run: the installed deepspeed (this fork: the fused_norm op) and, with
 ``--upstream-python``, pristine upstream run by that interpreter on the same shapes. Columns:
 
-- fused op: ``deepspeed.ops.fused_norm.sum_of_squares`` (the fork);
+- fused op: ``deepspeed.ops.fused_norm.sum_of_squares`` (the fork), with a SumOfSquaresPlan kept
+  across calls as the engine keeps it (``benchmarks/norm_host_time.py`` times the call with and
+  without one);
 - ds utils: ``deepspeed.runtime.utils.get_global_norm_of_tensors`` (BF16_Optimizer's norm; the
   fork routes it through the op, upstream takes an fp32 copy and a norm per tensor);
 - ZeRO-1/2 loop: upstream's stage_1_and_2 method, ``vector_norm(g.to(get_norm_dtype()))`` per
@@ -75,8 +77,9 @@ def methods():
     """name -> fn(tensors) returning the squared norm as a python float, for what is installed."""
     found = {}
     try:
-        from deepspeed.ops.fused_norm import sum_of_squares
-        found["fused op"] = lambda ts: sum_of_squares(ts, implementation="op").total
+        from deepspeed.ops.fused_norm import SumOfSquaresPlan, sum_of_squares
+        plan = SumOfSquaresPlan()  # kept across calls, as a training step keeps it
+        found["fused op"] = lambda ts: sum_of_squares(ts, implementation="op", plan=plan).total
     except ImportError:
         pass
     from deepspeed.runtime.utils import get_global_norm_of_tensors

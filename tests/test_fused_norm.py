@@ -111,6 +111,66 @@ def test_unsupported_dtype_is_refused(fused_norm):
         fused_norm.sum_of_squares([torch.ones(3)], implementation="fast")
 
 
+def test_plan_gives_the_same_numbers_and_is_built_once(fused_norm):
+    tensors = mixed_tensors(6)
+    plan = fused_norm.SumOfSquaresPlan()
+    assert plan.builds == 0
+    plain = fused_norm.sum_of_squares(tensors, per_tensor=True)
+    for _ in range(3):
+        planned = fused_norm.sum_of_squares(tensors, per_tensor=True, plan=plan)
+        assert float(planned.total) == float(plain.total) and torch.equal(planned.per_tensor, plain.per_tensor)
+        assert not bool(planned.nonfinite) and planned.nonfinite.dtype == torch.bool
+        assert fused_norm.sum_of_squares(tensors, plan=plan).per_tensor is None
+    assert plan.builds == 1
+    tensors[6][5] = float("nan")  # values change every step: the plan holds no values
+    assert bool(fused_norm.sum_of_squares(tensors, plan=plan).nonfinite) and plan.builds == 1
+
+
+def test_plan_follows_the_set_as_it_changes(fused_norm):
+    """A gradient moved to new storage updates the pointers; resized, re-typed, a tensor added or
+    dropped, the list reordered: each rebuilds the layout. The numbers are always the new set's."""
+    grads = [torch.randn(70000), torch.randn(300, dtype=torch.bfloat16), torch.randn(5)]
+    plan = fused_norm.SumOfSquaresPlan()
+
+    def check(builds, pointer_updates):
+        got = fused_norm.sum_of_squares(grads, per_tensor=True, plan=plan)
+        assert math.isclose(float(got.total), sum(reference(grads)), rel_tol=1e-6)
+        assert torch.allclose(got.per_tensor, torch.tensor(reference(grads), dtype=torch.float64), rtol=1e-6)
+        assert (plan.builds, plan.pointer_updates) == (builds, pointer_updates)
+
+    check(1, 0)
+    grads[0] = grads[0].clone() * 2  # new storage (what set_to_none=True then a backward gives)
+    check(1, 1)
+    check(1, 1)
+    grads[2].set_(torch.randn(5))  # same tensor object, its storage replaced in place
+    check(1, 2)
+    grads[0].set_(torch.randn(100))  # ... and resized
+    check(2, 2)
+    grads[1] = grads[1].float()  # same shape, another dtype
+    check(3, 2)
+    grads.append(torch.randn(9))
+    check(4, 2)
+    grads.pop(0)
+    check(5, 2)
+    grads.reverse()
+    check(6, 2)
+    grads[1] = grads[1].view(-1)  # a view of the same storage: nothing to do
+    check(6, 2)
+
+
+def test_plan_leaves_sets_it_cannot_take_to_the_general_path(fused_norm):
+    base = torch.randn(300, 200)
+    plan = fused_norm.SumOfSquaresPlan()
+    views = [base.t(), base[:, ::3]]  # non-contiguous: the general path copies them
+    assert math.isclose(float(fused_norm.sum_of_squares(views, plan=plan).total), sum(reference(views)), rel_tol=1e-6)
+    assert plan.builds == 0
+    assert float(fused_norm.sum_of_squares([], plan=plan).total) == 0.0
+    with pytest.raises(TypeError, match="tensor 1 has dtype torch.int64"):
+        fused_norm.sum_of_squares([torch.ones(3), torch.ones(3, dtype=torch.int64)], plan=plan)
+    assert float(fused_norm.sum_of_squares([torch.ones(4)], plan=plan, implementation="torch").total) == 4.0
+    assert plan.builds == 0
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_accuracy_on_100m_elements(fused_norm, dtype):
     """<= 1e-6 relative to fp64 on 100M+ elements, in a gradient-like set of tensors."""

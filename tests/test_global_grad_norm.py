@@ -7,7 +7,8 @@ tests/workers/global_grad_norm.py trains one global batch (2 ranks x micro-batch
 parameters in two optimizer groups and counts the reducing collectives inside the boundary
 ``engine.step()`` (gradient reduction happens in backward). Regression tests for deepspeed 0.19.8
 (they fail on it, see tools/test-against-upstream): fp32 ZeRO-0 and the fp32 pipeline report no norm
-(``get_global_grad_norm()`` is None); pipeline stages with different numbers of parameter groups
+(``get_global_grad_norm()`` is None); ZeRO-1/2 offload reads a value back per parameter in the
+boundary backward; pipeline stages with different numbers of parameter groups
 hang in the ZeRO-1 norm (one collective per group); the pipeline's gradient receive buffer comes
 back in the dtype of an earlier message.
 """
@@ -42,6 +43,10 @@ COLLECTIVES = {
     "zero1_moe_fp32": 1,
     "zero2_moe_fp32": 1,
 }
+# Builds of the fused op's plan layout over 3 steps: once (gradients that move to new storage each
+# step only update its pointers). BF16_Optimizer takes its norm through get_global_norm_of_tensors
+# (a function without state): 0.
+PLAN_BUILDS = {case: 0 if case == "zero1_bf16_fp32_accumulation" else 1 for case in COLLECTIVES}
 OVERFLOW_CASES = ["zero2_fp16_overflow", "zero3_fp16_overflow"]
 PIPELINE_CASES = ["pipeline_buffer_dtype", "pipeline_fp32_norm", "pipeline_tied_fp32_norm", "pipeline_fp16_norm"]
 
@@ -73,6 +78,22 @@ def test_one_collective_per_step(launched, case):
     for rank, result in enumerate(launched.case(case)):
         assert result["collectives_in_boundary_step"] == COLLECTIVES[case], f"rank {rank}: {result}"
         assert result["collectives_in_other_steps"] == [0], f"rank {rank}: {result}"
+
+
+@pytest.mark.parametrize("case", ["zero1_offload_fp32", "zero2_offload_fp32"])
+def test_offload_backward_reads_nothing_back(launched, case):
+    """ZeRO-1/2 with optimizer offload took a norm and an inf/nan check of each gradient as it was
+    copied out, one host read each (0.19.8: 4 on this model's partition); the single collective
+    reads the fp32 buffer itself."""
+    for rank, result in enumerate(launched.case(case)):
+        assert result["host_reads_in_boundary_backward"] == 0, f"rank {rank}: {result}"
+
+
+@pytest.mark.fork_only
+@pytest.mark.parametrize("case", sorted(COLLECTIVES))
+def test_norm_plan_is_built_once_over_steps(launched, case):
+    for rank, result in enumerate(launched.case(case)):
+        assert result["norm_plan_builds"] == PLAN_BUILDS[case], f"rank {rank}: {result}"
 
 
 @pytest.mark.parametrize("case", OVERFLOW_CASES)

@@ -101,6 +101,13 @@ def base_config(extra):
     return config
 
 
+def norm_plan_builds(engine):
+    """How many times the fused op built its plan's layout for the counted gradients of the optimizer
+    (or of the engine, where the engine takes the norm itself); None where neither keeps one."""
+    owner = next((o for o in (engine.optimizer, engine) if hasattr(o, "_grad_norm_plans")), None)
+    return None if owner is None else owner._grad_norm_plans.counted.builds
+
+
 def data_parallel_case(extra):
 
     def run():
@@ -112,17 +119,25 @@ def data_parallel_case(extra):
         dtype = next(engine.module.parameters()).dtype
         counts, host_reads = [], 0
         for batch, target in micro_batches(x, y, MICRO, GAS):
-            engine.backward(mse(engine(batch.to(dtype)), target))
+            loss = mse(engine(batch.to(dtype)), target)
+            with CollectiveCounter() as backward_counter:
+                engine.backward(loss)
             with CollectiveCounter() as counter:
                 engine.step()
             counts.append(len(counter.calls))
             host_reads = counter.host_reads
         norm = engine.get_global_grad_norm()
+        for _ in range(2):  # the same batch twice more: the norm's plan must outlive the step
+            for batch, target in micro_batches(x, y, MICRO, GAS):
+                engine.backward(mse(engine(batch.to(dtype)), target))
+                engine.step()
         engine.destroy()
         return {
             "collectives_in_boundary_step": counts[-1],
             "collectives_in_other_steps": counts[:-1],
             "host_reads_in_boundary_step": host_reads,
+            "host_reads_in_boundary_backward": backward_counter.host_reads,
+            "norm_plan_builds": norm_plan_builds(engine),
             "parameters": len(list(model.parameters())),
             "optimizer": type(engine.optimizer).__name__,
             "norm": None if norm is None else float(norm),
@@ -243,10 +258,15 @@ def moe_case(stage):
                 engine.step()
             counts.append(len(counter.calls))
         norm = engine.get_global_grad_norm()
+        for _ in range(2):  # the norm's plan must outlive the step
+            for batch, target in micro_batches(x, y, MICRO, GAS):
+                engine.backward(mse(engine(batch), target))
+                engine.step()
         engine.destroy()
         return {
             "collectives_in_boundary_step": counts[-1],
             "collectives_in_other_steps": counts[:-1],
+            "norm_plan_builds": norm_plan_builds(engine),
             "norm": None if norm is None else float(norm),
             "reference_norm": reference,
         }

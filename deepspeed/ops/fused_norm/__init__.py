@@ -13,8 +13,13 @@ The op (``FusedNormBuilder``, built by op_builder: JIT on first use, ``DS_BUILD_
 prebuilds) accumulates in fp32 within chunks of 64K elements and in fp64 across them, in a fixed
 order, and flags inf/nan in the same pass; nothing is copied to the host. Where it cannot be built,
 ``torch._foreach_norm`` in fp64 gives the same numbers (slower), after one warning.
+
+A set that recurs (a step's gradients) keeps the op's plan across calls::
+
+    plan = SumOfSquaresPlan()               # one per caller and set
+    sum_of_squares(grads, plan=plan)        # built on first use, again only when the set changes
 """
 
-from .sum_of_squares import SumOfSquares, l2_norm, load_op, sum_of_squares
+from .sum_of_squares import SumOfSquares, SumOfSquaresPlan, l2_norm, load_op, sum_of_squares
 
-__all__ = ["SumOfSquares", "l2_norm", "load_op", "sum_of_squares"]
+__all__ = ["SumOfSquares", "SumOfSquaresPlan", "l2_norm", "load_op", "sum_of_squares"]

@@ -23,6 +23,40 @@ class SumOfSquares:
     per_tensor: Optional[torch.Tensor]
 
 
+class SumOfSquaresPlan:
+    """What the op works out about a set of tensors, kept for the next call on the same set: one
+    step's gradients, step after step. Pass it as ``sum_of_squares(..., plan=plan)``.
+
+    The layout (element counts, dtypes, device, chunks; on CUDA the chunk table in device memory) is
+    built again when any of those changes (``builds``); the data pointers are compared on every call
+    and, where gradients moved to new storage (most paths free and reallocate them each step), only
+    the pointer table is updated (``pointer_updates``; on CUDA one small asynchronous copy). So a
+    reallocated, resized or re-typed gradient never reads stale memory, and no call walks the
+    tensors in Python. It holds no reference to a tensor. One per caller and set of tensors (two
+    sets that alternate through one plan rebuild it every call: correct, not faster)."""
+
+    def __init__(self):
+        self._op_plan = None
+
+    @property
+    def builds(self) -> int:
+        """How many times the op built the layout (0 until the op first runs with it)."""
+        return self._op_plan.builds if self._op_plan is not None else 0
+
+    @property
+    def pointer_updates(self) -> int:
+        """How many calls found the same layout at new data pointers."""
+        return self._op_plan.pointer_updates if self._op_plan is not None else 0
+
+    def run(self, op, tensors, per_tensor):
+        """The op's results for ``tensors``, or None where they need the general path (several
+        devices, a non-contiguous tensor, an unsupported dtype)."""
+        if self._op_plan is None:
+            self._op_plan = op.SumOfSquaresPlan()
+        results = self._op_plan.run(tensors, per_tensor)
+        return results if results else None
+
+
 @functools.lru_cache(maxsize=None)
 def load_op():
     """The compiled op, or None (with one warning) where it cannot be built or loaded."""
@@ -43,7 +77,8 @@ def load_op():
 def sum_of_squares(tensors: Iterable[torch.Tensor],
                    per_tensor: bool = False,
                    device=None,
-                   implementation: str = "auto") -> SumOfSquares:
+                   implementation: str = "auto",
+                   plan: Optional[SumOfSquaresPlan] = None) -> SumOfSquares:
     """Sum of squares over every element of ``tensors`` (any devices, any of fp32/fp16/bf16/fp64).
 
     Args:
@@ -52,15 +87,23 @@ def sum_of_squares(tensors: Iterable[torch.Tensor],
         device: where the results go (default: the first tensor's device, CPU for no tensors).
         implementation: "auto" (the op, else the torch fallback), "op" (raise if the op is
             unavailable) or "torch" (always the fallback).
+        plan: a SumOfSquaresPlan to keep the op's plan in across calls on the same set (same
+            numbers; no walk over the tensors in Python, and on CUDA no plan copied to the device).
     """
     if implementation not in IMPLEMENTATIONS:
         raise ValueError(f"implementation must be one of {IMPLEMENTATIONS}, got {implementation!r}")
     tensors = list(tensors)
-    groups = _by_device(tensors)
-    device = torch.device(device) if device is not None else (tensors[0].device if tensors else torch.device("cpu"))
     op = None if implementation == "torch" else load_op()
     if op is None and implementation == "op":
         raise RuntimeError("deepspeed fused_norm op unavailable (see the warning from load_op())")
+    planned = plan.run(op, tensors, per_tensor) if plan is not None and op is not None and tensors else None
+    if planned is not None:
+        total, nonfinite, per = planned
+        if device is not None and total.device != torch.device(device):
+            total, nonfinite, per = total.to(device), nonfinite.to(device), per.to(device)
+        return SumOfSquares(total, nonfinite, per_tensor=per if per_tensor else None)
+    groups = _by_device(tensors)
+    device = torch.device(device) if device is not None else (tensors[0].device if tensors else torch.device("cpu"))
 
     sumsq = op.multi_tensor_sumsq if op is not None else _foreach_sumsq
     results = [sumsq([tensors[i] for i in indices], per_tensor) for indices in groups.values()]
