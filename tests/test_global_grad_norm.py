@@ -80,6 +80,22 @@ def test_one_collective_per_step(launched, case):
         assert result["collectives_in_other_steps"] == [0], f"rank {rank}: {result}"
 
 
+# BF16_Optimizer (zero1_bf16_fp32_accumulation) is a path of its own: it reads 2 (its norm's validity
+# and its clip), not counted here. The MoE cases do not count host reads.
+ZERO1_2_CASES = [
+    case for case in sorted(COLLECTIVES)
+    if case.startswith(("zero1", "zero2")) and "moe" not in case and case != "zero1_bf16_fp32_accumulation"
+]
+
+
+@pytest.mark.parametrize("case", ZERO1_2_CASES)
+def test_zero1_2_step_reads_one_value_back(launched, case):
+    """The overflow flag, read once; 0.19.8 read 3 to 9 values on this model (per group: the norm's and the
+    overflow check's, and the clip code's validity test of the norm)."""
+    for rank, result in enumerate(launched.case(case)):
+        assert result["host_reads_in_boundary_step"] == 1, f"rank {rank}: {result}"
+
+
 @pytest.mark.parametrize("case", ["zero1_offload_fp32", "zero2_offload_fp32"])
 def test_offload_backward_reads_nothing_back(launched, case):
     """ZeRO-1/2 with optimizer offload took a norm and an inf/nan check of each gradient as it was
