@@ -21,12 +21,12 @@ import torch  # noqa: E402
 
 import deepspeed  # noqa: E402
 import deepspeed.comm as dist  # noqa: E402
+from helpers.collectives import CollectiveCounter  # noqa: E402
+from helpers.moe_model import MoENet, fp64_gradients, fp64_norm  # noqa: E402
 from helpers.rank_cases import run_cases  # noqa: E402
 from helpers.small_model import IN, OUT, global_batch, make_layers, micro_batches, mse, rank_share  # noqa: E402
 
 MICRO, GAS = 2, 2
-REDUCING = ("all_reduce", "all_reduce_coalesced", "inference_all_reduce", "reduce")
-HOST_READS = ("item", "__bool__", "__float__")
 
 
 def reference_norm(layers, inputs, targets):
@@ -38,49 +38,6 @@ def reference_norm(layers, inputs, targets):
 def two_groups(module):
     params = [p for p in module.parameters() if p.requires_grad]
     return [{"params": [p for p in params if p.dim() > 1]}, {"params": [p for p in params if p.dim() <= 1]}]
-
-
-class CollectiveCounter:
-    """Counts the reducing collectives of deepspeed.comm while active (the module functions are
-    wrapped; every DeepSpeed component calls them through the module), and the host reads of
-    tensor values (``item()``, ``bool()``, ``float()``: each a device sync on an accelerator)."""
-
-    def __init__(self):
-        self.calls = []
-        self.host_reads = 0
-        self._saved = {}
-        self._originals = {}
-
-    def _count_host_reads(self):
-        self._originals = {name: getattr(torch.Tensor, name) for name in HOST_READS}
-        for name, original in self._originals.items():
-
-            def counted(tensor, *args, _original=original, **kwargs):
-                self.host_reads += 1
-                return _original(tensor, *args, **kwargs)
-
-            setattr(torch.Tensor, name, counted)
-
-    def __enter__(self):
-        self._count_host_reads()
-        for name in REDUCING:
-            original = getattr(dist, name, None)
-            if original is None:
-                continue
-            self._saved[name] = original
-
-            def counted(*args, _name=name, _original=original, **kwargs):
-                self.calls.append(_name)
-                return _original(*args, **kwargs)
-
-            setattr(dist, name, counted)
-        return self
-
-    def __exit__(self, *exc):
-        for name, original in self._saved.items():
-            setattr(dist, name, original)
-        for name, original in self._originals.items():
-            setattr(torch.Tensor, name, original)
 
 
 def base_config(extra):
@@ -185,62 +142,12 @@ def overflow_case(stage):
     return run
 
 
-class MoENet(torch.nn.Module):
-    """Linear, a 2-expert top-1 MoE layer (one expert per rank: ep_size 2), linear. No token is
-    dropped, so routing per rank equals routing the whole batch at once."""
-
-    def __init__(self, hidden=16):
-        super().__init__()
-        from deepspeed.moe.layer import MoE
-        self.inp = torch.nn.Linear(IN, hidden)
-        self.moe = MoE(hidden_size=hidden,
-                       expert=torch.nn.Linear(hidden, hidden),
-                       num_experts=2,
-                       ep_size=2,
-                       k=1,
-                       min_capacity=0,
-                       drop_tokens=False,
-                       use_rts=False)
-        self.out = torch.nn.Linear(hidden, OUT)
-
-    def forward(self, x):
-        return self.out(self.moe(torch.relu(self.inp(x)))[0])
-
-
-def moe_reference_norm(model, inputs, targets):
-    """fp64 norm of the MoE network on the whole batch: the experts gathered from both ranks, each
-    sample sent to the expert of highest gate probability and scaled by that probability."""
-
-    def gathered(tensor):
-        parts = [torch.empty_like(tensor) for _ in range(dist.get_world_size())]
-        dist.all_gather(parts, tensor.detach().contiguous())
-        return [part.double().requires_grad_(True) for part in parts]
-
-    expert = model.moe.deepspeed_moe.experts.deepspeed_experts[0]
-    weights, biases = gathered(expert.weight), gathered(expert.bias)
-    own = [model.inp.weight, model.inp.bias, model.moe.deepspeed_moe.gate.wg.weight, model.out.weight, model.out.bias]
-    inp_w, inp_b, gate_w, out_w, out_b = [p.detach().double().requires_grad_(True) for p in own]
-    hidden = torch.relu(inputs.double() @ inp_w.T + inp_b)
-    probs = torch.softmax(hidden @ gate_w.T, dim=1)
-    chosen = probs.argmax(dim=1)
-    experts = torch.stack([hidden @ w.T + b for w, b in zip(weights, biases)], dim=1)
-    mixed = probs.gather(1, chosen[:, None]) * experts[torch.arange(len(inputs)), chosen]
-    torch.nn.functional.mse_loss(mixed @ out_w.T + out_b, targets.double()).backward()
-    grads = [p.grad.flatten() for p in [inp_w, inp_b, gate_w, out_w, out_b, *weights, *biases]]
-    return float(torch.linalg.vector_norm(torch.cat(grads)))
-
-
 def moe_case(stage):
 
     def run():
         from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
-        torch.manual_seed(0)
-        model = MoENet()
-        with torch.no_grad():  # a different expert on each rank
-            for param in model.moe.deepspeed_moe.experts.parameters():
-                param.add_(0.1 * (dist.get_rank() + 1))
+        model = MoENet(ep_size=2)
         inputs, targets = global_batch(MICRO * GAS * dist.get_world_size())
-        reference = moe_reference_norm(model, inputs, targets)
         groups = split_params_into_different_moe_groups_for_optimizer({
             "params": list(model.parameters()),
             "name": "dense"
@@ -250,6 +157,7 @@ def moe_case(stage):
                                           config=base_config({"zero_optimization": {
                                               "stage": stage
                                           }}))
+        reference = fp64_norm(*fp64_gradients(model, inputs, targets))
         x, y = rank_share(inputs, targets, dist.get_rank(), MICRO * GAS)
         counts = []
         for batch, target in micro_batches(x, y, MICRO, GAS):

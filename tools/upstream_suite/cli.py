@@ -167,6 +167,11 @@ def run(args):
     units = selected_units(args, tests_dir)
     pin = load_pin()
 
+    # Interpreters run from other directories: a relative path is taken from here (not resolved: a
+    # venv's python is a symlink whose target is outside the venv).
+    args.fork_python = os.path.abspath(args.fork_python)
+    if args.pristine_python:
+        args.pristine_python = os.path.abspath(args.pristine_python)
     fork_info = describe_python(args.fork_python)
     infos = {"fork": fork_info}  # each interpreter is probed once (the probe imports deepspeed: seconds)
     if "+gafix." not in fork_info["deepspeed"]:

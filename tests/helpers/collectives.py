@@ -1,0 +1,55 @@
+# SPDX-License-Identifier: Apache-2.0
+
+# DeepSpeed Team
+"""Counts what a piece of engine code costs in synchronisation: reducing collectives of
+deepspeed.comm and host reads of tensor values."""
+
+import torch
+
+import deepspeed.comm as dist
+
+REDUCING = ("all_reduce", "all_reduce_coalesced", "inference_all_reduce", "reduce")
+HOST_READS = ("item", "__bool__", "__float__")
+
+
+class CollectiveCounter:
+    """Counts the reducing collectives of deepspeed.comm while active (the module functions are
+    wrapped; every DeepSpeed component calls them through the module), and the host reads of
+    tensor values (``item()``, ``bool()``, ``float()``: each a device sync on an accelerator)."""
+
+    def __init__(self):
+        self.calls = []
+        self.host_reads = 0
+        self._saved = {}
+        self._originals = {}
+
+    def _count_host_reads(self):
+        self._originals = {name: getattr(torch.Tensor, name) for name in HOST_READS}
+        for name, original in self._originals.items():
+
+            def counted(tensor, *args, _original=original, **kwargs):
+                self.host_reads += 1
+                return _original(tensor, *args, **kwargs)
+
+            setattr(torch.Tensor, name, counted)
+
+    def __enter__(self):
+        self._count_host_reads()
+        for name in REDUCING:
+            original = getattr(dist, name, None)
+            if original is None:
+                continue
+            self._saved[name] = original
+
+            def counted(*args, _name=name, _original=original, **kwargs):
+                self.calls.append(_name)
+                return _original(*args, **kwargs)
+
+            setattr(dist, name, counted)
+        return self
+
+    def __exit__(self, *exc):
+        for name, original in self._saved.items():
+            setattr(dist, name, original)
+        for name, original in self._originals.items():
+            setattr(torch.Tensor, name, original)

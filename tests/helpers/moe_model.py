@@ -1,0 +1,83 @@
+# SPDX-License-Identifier: Apache-2.0
+
+# DeepSpeed Team
+"""A small network with one MoE layer, and its fp64 reference on the whole global batch.
+
+Linear, a top-1 MoE layer with one expert per expert-parallel rank (no token dropped, so routing
+each rank's samples equals routing the whole batch at once), linear. Expert ``e`` starts from the
+shared seed's weights plus ``0.1 * (e + 1)``, the same on every rank that holds it (its
+expert-data-parallel replicas), different from every other expert. Without model parallelism
+DeepSpeed puts consecutive ranks in an expert-parallel group, so rank ``r`` holds expert
+``r % ep_size``; fp64_gradients checks that against the groups the engine built.
+"""
+
+import torch
+
+import deepspeed.comm as dist
+from helpers.small_model import IN, OUT
+
+HIDDEN = 16
+
+
+class MoENet(torch.nn.Module):
+
+    def __init__(self, ep_size=2, hidden=HIDDEN, seed=0):
+        super().__init__()
+        from deepspeed.moe.layer import MoE
+        torch.manual_seed(seed)
+        self.inp = torch.nn.Linear(IN, hidden)
+        self.moe = MoE(hidden_size=hidden,
+                       expert=torch.nn.Linear(hidden, hidden),
+                       num_experts=ep_size,
+                       ep_size=ep_size,
+                       k=1,
+                       min_capacity=0,
+                       drop_tokens=False,
+                       use_rts=False)
+        self.out = torch.nn.Linear(hidden, OUT)
+        self.expert_index = dist.get_rank() % ep_size  # the engine builds the groups later
+        with torch.no_grad():
+            for param in self.moe.deepspeed_moe.experts.parameters():
+                param.add_(0.1 * (self.expert_index + 1))
+
+    def expert(self):
+        return self.moe.deepspeed_moe.experts.deepspeed_experts[0]
+
+    def dense(self):
+        """The parameters every rank holds alike (gate included)."""
+        return [self.inp.weight, self.inp.bias, self.moe.deepspeed_moe.gate.wg.weight, self.out.weight, self.out.bias]
+
+    def forward(self, x):
+        return self.out(self.moe(torch.relu(self.inp(x)))[0])
+
+
+def fp64_gradients(model, inputs, targets):
+    """fp64 gradients of the mean-square loss over the whole batch: ``(dense, experts)``, the dense
+    parameters' in ``model.dense()`` order and ``experts[e] = [weight, bias]`` of every expert (gathered
+    over the expert-parallel group). Each sample goes to the expert of highest gate probability,
+    scaled by that probability, as the MoE layer does with top-1 gating."""
+    from deepspeed.utils import groups
+    group = groups._get_expert_parallel_group(model.moe.expert_group_name)
+    assert dist.get_rank(group=group) == model.expert_index, "expert-parallel groups are not consecutive ranks"
+
+    def gathered(tensor):
+        tensor = tensor.detach().float().contiguous()
+        parts = [torch.empty_like(tensor) for _ in range(dist.get_world_size(group=group))]
+        dist.all_gather(parts, tensor, group=group)
+        return [part.double().requires_grad_(True) for part in parts]
+
+    weights, biases = gathered(model.expert().weight), gathered(model.expert().bias)
+    dense = [p.detach().double().requires_grad_(True) for p in model.dense()]
+    inp_w, inp_b, gate_w, out_w, out_b = dense
+    hidden = torch.relu(inputs.double() @ inp_w.T + inp_b)
+    probs = torch.softmax(hidden @ gate_w.T, dim=1)
+    chosen = probs.argmax(dim=1)
+    experts = torch.stack([hidden @ w.T + b for w, b in zip(weights, biases)], dim=1)
+    mixed = probs.gather(1, chosen[:, None]) * experts[torch.arange(len(inputs)), chosen]
+    torch.nn.functional.mse_loss(mixed @ out_w.T + out_b, targets.double()).backward()
+    return [p.grad for p in dense], [[w.grad, b.grad] for w, b in zip(weights, biases)]
+
+
+def fp64_norm(dense_grads, expert_grads):
+    flat = [g.flatten() for g in dense_grads] + [g.flatten() for pair in expert_grads for g in pair]
+    return float(torch.linalg.vector_norm(torch.cat(flat)))

@@ -1,0 +1,140 @@
+# SPDX-License-Identifier: Apache-2.0
+
+# DeepSpeed Team
+"""Rank worker: the global grad norm and the update of an MoE network on each engine path, at several
+splits of one global batch of 8 samples (micro-batch x GAS x ranks), against fp64 PyTorch.
+
+Case names are ``<path>_m<micro>_g<gas>``. One expert per expert-parallel rank (expert parallel 2):
+on 2 ranks every rank holds a different expert; on 4 ranks each expert has 2 data-parallel replicas,
+which must count once. SGD, so the update shows the clip coefficient (Adam's first step does not).
+"""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+import deepspeed  # noqa: E402
+import deepspeed.comm as dist  # noqa: E402
+from helpers.collectives import CollectiveCounter  # noqa: E402
+from helpers.moe_model import MoENet, fp64_gradients, fp64_norm  # noqa: E402
+from helpers.rank_cases import run_cases  # noqa: E402
+from helpers.small_model import global_batch, micro_batches, mse, rank_share  # noqa: E402
+
+GLOBAL_BATCH = 8
+LR, CLIP = 0.1, 1.0
+FP16 = {"fp16": {"enabled": True, "initial_scale_power": 8}}
+BF16 = {"bf16": {"enabled": True}}
+
+# path -> (config, optimizer, ZeRO stage)
+PATHS = {
+    "zero0_fp32": ({}, "SGD", 0),
+    "zero0_fp32_no_clipping": ({
+        "gradient_clipping": 0.0
+    }, "SGD", 0),
+    "zero0_fp16": (FP16, "SGD", 0),  # FP16_UnfusedOptimizer
+    "zero0_fp16_fused_adam": (FP16, "Adam", 0),  # FP16_Optimizer
+    "zero1_bf16_fp32_accumulation": (dict(BF16, data_types={"grad_accum_dtype": "fp32"}), "SGD", 1),
+    "zero1_fp32": ({}, "SGD", 1),
+    "zero2_fp32": ({}, "SGD", 2),
+    "zero2_fp16": (FP16, "SGD", 2),
+    "zero2_bf16": (BF16, "SGD", 2),
+}
+
+
+def config(path, micro, gas):
+    extra, optimizer, stage = PATHS[path]
+    params = {"lr": LR} if optimizer == "SGD" else {"lr": 1e-3, "torch_adam": False}
+    cfg = {
+        "train_micro_batch_size_per_gpu": micro,
+        "gradient_accumulation_steps": gas,
+        "optimizer": {
+            "type": optimizer,
+            "params": params
+        },
+        "zero_allow_untested_optimizer": True,
+        "zero_force_ds_cpu_optimizer": False,
+        "gradient_clipping": CLIP,
+        "zero_optimization": {
+            "stage": stage
+        },
+    }
+    cfg.update(extra)
+    return cfg
+
+
+def own_parameters(model):
+    """What this rank holds: the dense parameters and its expert's, in fp64 reference order."""
+    return model.dense() + [model.expert().weight, model.expert().bias]
+
+
+def case(path, micro, gas):
+
+    def run():
+        from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
+        model = MoENet(ep_size=2)
+        groups = split_params_into_different_moe_groups_for_optimizer({
+            "params": list(model.parameters()),
+            "name": "dense"
+        })
+        cfg = config(path, micro, gas)
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=groups, config=cfg)
+        dtype = next(engine.module.parameters()).dtype
+        inputs, targets = global_batch(GLOBAL_BATCH)
+        inputs = inputs.to(dtype).float()  # the engine sees these values: the reference too
+        dense_grads, expert_grads = fp64_gradients(engine.module, inputs, targets)
+        reference_norm = fp64_norm(dense_grads, expert_grads)
+        before = [p.detach().double().clone() for p in own_parameters(engine.module)]
+
+        per_rank = GLOBAL_BATCH // dist.get_world_size()
+        assert per_rank == micro * gas, f"split {micro} x {gas} x {dist.get_world_size()} != {GLOBAL_BATCH}"
+        x, y = rank_share(inputs, targets, dist.get_rank(), per_rank)
+        counts = []
+        for batch, target in micro_batches(x, y, micro, gas, dtype=dtype):
+            engine.backward(mse(engine(batch), target))
+            with CollectiveCounter() as counter:
+                engine.step()
+            counts.append(len(counter.calls))
+        norm = engine.get_global_grad_norm()
+        after = [p.detach().double() for p in own_parameters(engine.module)]
+        engine.destroy()
+
+        coef = min(1.0, CLIP / (reference_norm + 1e-6)) if cfg["gradient_clipping"] > 0 else 1.0
+        reference_grads = dense_grads + expert_grads[model.expert_index]
+        # What the weights should hold: the fp64 update, rounded to the module's dtype (fp16/bf16
+        # weights round every update; compared unrounded, that rounding alone looks like an error).
+        expected = [(w - LR * coef * g).to(dtype).double() for w, g in zip(before, reference_grads)]
+        update_error = None
+        if cfg["optimizer"]["type"] == "SGD":
+            gap = torch.cat([(a - e).flatten() for a, e in zip(after, expected)])
+            step = torch.cat([(e - b).flatten() for e, b in zip(expected, before)])
+            update_error = float(gap.norm() / step.norm())
+        return {
+            "optimizer": type(engine.optimizer).__name__,
+            "collectives_in_boundary_step": counts[-1],
+            "norm": None if norm is None else float(norm),
+            "reference_norm": reference_norm,
+            "clip_coefficient": coef,
+            "update_error": update_error,
+        }
+
+    return run
+
+
+def splits(world_size):
+    per_rank = GLOBAL_BATCH // world_size
+    return [(micro, per_rank // micro) for micro in (per_rank, per_rank // 2, 1) if micro >= 1][:3]
+
+
+def force_fp16_on_cpu():
+    from deepspeed.accelerator import get_accelerator
+    get_accelerator().is_fp16_supported = lambda: True
+
+
+if __name__ == "__main__":
+    force_fp16_on_cpu()
+    import os
+    world = int(os.environ.get("WORLD_SIZE", "2"))
+    run_cases({f"{path}_m{m}_g{g}": case(path, m, g) for path in PATHS for m, g in dict.fromkeys(splits(world))})

@@ -1,0 +1,92 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+
+# DeepSpeed Team
+"""Print, as a Markdown table, the grad norm and update errors against fp64 of a norm worker's engine
+paths, on the fork and on pristine upstream side by side (docs/grad_norm.md's MoE table).
+
+The worker (tests/workers/moe_norm.py) reports per case and rank ``norm``, ``reference_norm``,
+``update_error`` and ``collectives_in_boundary_step``; case names are ``<path>_m<micro>_g<gas>``. Each
+cell is the largest error over the splits and ranks (collectives: every value seen).
+
+    python tools/norm_error_table.py --pristine-python build/upstream-venv-0.19.8/bin/python
+"""
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests"))
+
+from helpers.launch import launch_cases  # noqa: E402
+
+WORKERS = {"moe": REPO / "tests" / "workers" / "moe_norm.py"}
+
+
+def summarise(launched):
+    """path -> {"norm": worst relative error (None: a rank reported no norm), "update": worst or None,
+    "collectives": sorted set}."""
+    rows = {}
+    for rank_results in launched.ranks:
+        for name, outcome in rank_results.items():
+            path = name.rsplit("_m", 1)[0]
+            if not outcome["ok"]:
+                raise SystemExit(f"case {name} failed: {outcome['error'][-1500:]}")
+            result = outcome["value"]
+            row = rows.setdefault(path, {"norm": 0.0, "update": None, "collectives": set()})
+            if result["norm"] is None or row["norm"] is None:
+                row["norm"] = None
+            else:
+                error = abs(result["norm"] - result["reference_norm"]) / result["reference_norm"]
+                row["norm"] = max(row["norm"], error)
+            if result["update_error"] is not None:
+                row["update"] = max(row["update"] or 0.0, result["update_error"])
+            row["collectives"].add(result["collectives_in_boundary_step"])
+    return rows
+
+
+def figure(value):
+    return "None" if value is None else f"{value:.2g}"
+
+
+def table(sides):
+    names = list(sides)
+    header = ["path"] + [f"{what}, {side}" for what in ("norm error", "update error", "collectives") for side in names]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for path in sides[names[0]]:
+        rows = [sides[side][path] for side in names]
+        cells = [figure(r["norm"])
+                 for r in rows] + [figure(r["update"]) if r["update"] is not None else "-" for r in rows]
+        cells += ["/".join(str(c) for c in sorted(r["collectives"])) for r in rows]
+        lines.append("| " + " | ".join([path] + cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--worker", choices=sorted(WORKERS), default="moe")
+    parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--pristine-python", help="python of an environment with pristine upstream deepspeed")
+    parser.add_argument("--extensions-dir", help="TORCH_EXTENSIONS_DIR root (one subdirectory per side)")
+    args = parser.parse_args(argv)
+
+    launchers = {"fork": None}
+    if args.pristine_python:
+        launchers["pristine"] = str(Path(os.path.abspath(args.pristine_python)).parent / "deepspeed")
+    for ranks in args.ranks:
+        sides = {}
+        for side, launcher in launchers.items():
+            extensions = Path(args.extensions_dir) / side if args.extensions_dir else None
+            launched = launch_cases(WORKERS[args.worker],
+                                    nprocs=ranks,
+                                    timeout=1800,
+                                    extensions_dir=extensions,
+                                    launcher=launcher)
+            sides[side] = summarise(launched)
+        print(f"\n{ranks} ranks\n\n{table(sides)}")
+
+
+if __name__ == "__main__":
+    main()
