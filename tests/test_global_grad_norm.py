@@ -48,6 +48,8 @@ COLLECTIVES = {
 # (a function without state): 0.
 PLAN_BUILDS = {case: 0 if case == "zero1_bf16_fp32_accumulation" else 1 for case in COLLECTIVES}
 OVERFLOW_CASES = ["zero2_fp16_overflow", "zero3_fp16_overflow"]
+# zero_optimization.compute_grad_norm false (upstream #8331): collectives in step(), update tolerance.
+NO_NORM_CASES = {"zero1_no_norm_fp32": (0, 1e-6), "zero2_no_norm_fp32": (0, 1e-6), "zero2_no_norm_fp16": (1, 1e-2)}
 PIPELINE_CASES = ["pipeline_buffer_dtype", "pipeline_fp32_norm", "pipeline_tied_fp32_norm", "pipeline_fp16_norm"]
 
 
@@ -59,7 +61,7 @@ def tolerance(case):
 def launched(extensions_dir):
     return launch_cases(WORKER,
                         nprocs=2,
-                        cases=[*COLLECTIVES, *OVERFLOW_CASES, *PIPELINE_CASES],
+                        cases=[*COLLECTIVES, *OVERFLOW_CASES, *NO_NORM_CASES, *PIPELINE_CASES],
                         extensions_dir=extensions_dir,
                         timeout=900)
 
@@ -120,6 +122,18 @@ def test_fp16_overflow_on_one_rank_skips_the_step_on_every_rank(launched, case):
         assert poisoned["scale"][1] <= poisoned["scale"][0], f"rank {rank}: {poisoned}"
         assert clean["weights_changed"] and clean["skipped_steps"] == 1, f"rank {rank}: {clean}"
         assert math.isfinite(clean["norm"]), f"rank {rank}: {clean}"
+
+
+@pytest.mark.parametrize("case", sorted(NO_NORM_CASES))
+def test_compute_grad_norm_false_takes_no_norm(launched, case):
+    """No norm is computed or reported (get_global_grad_norm() None, as the option documents); step()
+    issues no collective in fp32 and only the overflow flag's in fp16; the update is SGD's on the fp64
+    gradient. 0.19.8 does the same (counts equal): the single-collective norm must keep it so."""
+    collectives, update_tolerance = NO_NORM_CASES[case]
+    for rank, result in enumerate(launched.case(case)):
+        assert result["norm"] is None, f"rank {rank}: {result}"
+        assert result["collectives_in_boundary_step"] == collectives, f"rank {rank}: {result}"
+        assert result["update_error"] <= update_tolerance, f"rank {rank}: {result}"
 
 
 def test_pipeline_fp32_reports_the_norm(launched):

@@ -142,6 +142,52 @@ def overflow_case(stage):
     return run
 
 
+def no_norm_case(extra):
+    """``zero_optimization.compute_grad_norm: false`` with clipping off: step() takes no norm (no
+    collective in fp32; in fp16 only the overflow flag's), ``get_global_grad_norm()`` is None as the
+    option documents, and the update is plain SGD on the fp64 gradient."""
+
+    def run():
+        from deepspeed.utils import safe_get_full_fp32_param
+        layers = make_layers()
+        model = torch.nn.Sequential(*copy.deepcopy(layers))
+        config = base_config(dict(extra, gradient_clipping=0.0))
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=two_groups(model), config=config)
+        dtype = next(engine.module.parameters()).dtype
+
+        def weights():
+            return [safe_get_full_fp32_param(p).detach().double().clone() for p in engine.module.parameters()]
+
+        inputs, targets = global_batch(MICRO * GAS * dist.get_world_size())
+        inputs = inputs.to(dtype).float()  # what the engine sees
+        before = weights()
+        reference = torch.nn.Sequential(*copy.deepcopy(layers)).double()
+        with torch.no_grad():
+            for param, value in zip(reference.parameters(), before):
+                param.copy_(value)
+        torch.nn.functional.mse_loss(reference(inputs.double()), targets.double()).backward()
+        x, y = rank_share(inputs, targets, dist.get_rank(), MICRO * GAS)
+        counts = []
+        for batch, target in micro_batches(x, y, MICRO, GAS, dtype):
+            engine.backward(mse(engine(batch), target))
+            with CollectiveCounter() as counter:
+                engine.step()
+            counts.append(len(counter.calls))
+        norm, after = engine.get_global_grad_norm(), weights()
+        engine.destroy()
+        lr = config["optimizer"]["params"]["lr"]
+        expected = [w - lr * p.grad for w, p in zip(before, reference.parameters())]
+        gap = torch.cat([(a - e).flatten() for a, e in zip(after, expected)])
+        step = torch.cat([(e - b).flatten() for e, b in zip(expected, before)])
+        return {
+            "collectives_in_boundary_step": counts[-1],
+            "norm": None if norm is None else float(norm),
+            "update_error": float(gap.norm() / step.norm()),
+        }
+
+    return run
+
+
 def moe_case(stage):
 
     def run():
@@ -380,6 +426,27 @@ CASES = {
     overflow_case(2),
     "zero3_fp16_overflow":
     overflow_case(3),
+    "zero1_no_norm_fp32":
+    no_norm_case({"zero_optimization": {
+        "stage": 1,
+        "compute_grad_norm": False
+    }}),
+    "zero2_no_norm_fp32":
+    no_norm_case({"zero_optimization": {
+        "stage": 2,
+        "compute_grad_norm": False
+    }}),
+    "zero2_no_norm_fp16":
+    no_norm_case({
+        "fp16": {
+            "enabled": True,
+            "initial_scale_power": 8
+        },
+        "zero_optimization": {
+            "stage": 2,
+            "compute_grad_norm": False
+        }
+    }),
     "zero1_moe_fp32":
     moe_case(1),
     "zero2_moe_fp32":
