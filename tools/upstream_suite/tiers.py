@@ -71,7 +71,7 @@ FULL_TIER_COVERAGE = (
         "tests/test_global_grad_norm.py covers ZeRO-2/3 overflow"),
     _covered("unit/runtime/zero/test_zero_grad_clip.py", "0008",
              "ZeRO-3 grad clipping and norm groups: each case JIT-builds an Adam op, about 100 s here"),
-    _covered("unit/v1/half_precision/test_bf16.py", "0008",
+    _covered("unit/v1/half_precision/test_bf16.py", "0008 0014",
              "bf16 gradients against DDP: skip on a CPU (they ask for CUDA and NCCL); GPU tier"),
     _covered(
         "unit/checkpoint/test_pipeline.py", "0008 0009",
@@ -87,6 +87,7 @@ UNCOVERED = {
     "0004": "fp16 ZeRO-0 loss scaling: upstream's fp16 training tests (half_precision/) skip on a CPU; GPU tier",
     "0005": "fp16 loss-scale growth: upstream's fp16 training tests skip on a CPU; GPU tier",
     "0010": "fp16 ZeRO-0 optimizers' construction: upstream's fp16 training tests skip on a CPU; GPU tier",
+    "0014": "BF16_Optimizer's and the fp16 ZeRO-0 optimizers' clipping step: upstream tests them on CUDA; GPU tier",
 }
 
 # Directories left out of the full tier: they need CUDA kernels (they skip or fail to import on a CPU).
