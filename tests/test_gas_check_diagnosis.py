@@ -149,3 +149,49 @@ def test_the_table_says_when_the_models_rounding_raised_the_tolerance():
     text = format_results([capped], "title")
     assert "3 x what rounding alone gives this model in plain PyTorch (up to 2.0e-02)" in text
     assert "the tolerance stays at 5e-02" in text
+
+
+BF16 = {"bf16": {"enabled": True}, "zero_optimization": {"stage": 2}}
+FP32_ACCUMULATION = dict(BF16, data_types={"grad_accum_dtype": "fp32"})
+
+
+def test_bf16_accumulation_is_recognised_from_the_config():
+    from deepspeed.gafix.gas_check.accumulation import accumulates_in_bf16
+    assert accumulates_in_bf16(BF16)
+    assert accumulates_in_bf16(dict(BF16, data_types={"grad_accum_dtype": "bf16"}))
+    assert not accumulates_in_bf16(FP32_ACCUMULATION)
+    assert not accumulates_in_bf16({"fp16": {"enabled": True}})
+    assert not accumulates_in_bf16({})
+
+
+def bf16_splits(*errors):
+    """Splits at GAS 1, 2, 4, 8, 16 with these step-1 update errors (bf16's tolerance, 2e-2)."""
+    results = [split_result(gas, error) for gas, error in zip((1, 2, 4, 8, 16), errors)]
+    for result in results:
+        result.tolerance = 2e-2
+    return results
+
+
+def test_bf16_accumulation_is_named_when_only_accumulating_splits_fail():
+    """Measured on the CPU (AdamW, ZeRO-2): 1.1e-5 at GAS 1 to 8, 6.4e-2 at GAS 16; with fp32 accumulation
+    1.3e-5 at GAS 16."""
+    from deepspeed.gafix.gas_check.accumulation import reading
+    note, cause = reading(BF16, bf16_splits(1.1e-5, 1.1e-5, 1.2e-5, 1.1e-5, 6.4e-2))
+    assert "GAS 1: 1.1e-05" in note and "GAS 16: 6.4e-02" in note
+    assert cause is not None and '"data_types": {"grad_accum_dtype": "fp32"}' in cause
+    # ZeRO-0 refuses bf16 weights with fp32 accumulation: the change names ZeRO too.
+    _, cause = reading(dict(BF16, zero_optimization={"stage": 0}), bf16_splits(1e-5, 1e-5, 1e-5, 1e-5, 6e-2))
+    assert "ZeRO stage 1 or more" in cause
+
+
+def test_bf16_accumulation_is_not_blamed_where_it_cannot_be():
+    from deepspeed.gafix.gas_check.accumulation import reading
+    # GAS 1 fails too: accumulation is not what is wrong.
+    note, cause = reading(BF16, bf16_splits(5e-2, 5e-2, 5e-2, 5e-2, 5e-2))
+    assert note is not None and cause is None
+    # Everything passes: the note only.
+    note, cause = reading(BF16, bf16_splits(1e-5, 1e-5, 1e-5, 1e-5, 1e-5))
+    assert note is not None and cause is None
+    # fp32 accumulation, or no accumulation at all: nothing to say.
+    assert reading(FP32_ACCUMULATION, bf16_splits(1e-5, 1e-5, 1e-5, 1e-5, 6e-2)) == (None, None)
+    assert reading(BF16, bf16_splits(1e-5)) == (None, None)

@@ -17,6 +17,7 @@ from deepspeed.accelerator import get_accelerator
 from deepspeed.runtime.constants import GRADIENT_CLIPPING_DEFAULT
 from deepspeed.utils import safe_get_full_fp32_param
 
+from .accumulation import reading as bf16_accumulation_reading
 from .batches import check_batches, model_loss, rows, to
 from .data import global_batches, loss_fn as builtin_loss
 from .diagnosis import MATCH, Observation, describe, explain, no_known_cause
@@ -468,6 +469,10 @@ def check_gas_invariance(config,
         result.tolerance_for_dtype = tol
         results.append(result)
     diagnose(results, config_loss_scale(config), clip)
+    _, accumulation_cause = bf16_accumulation_reading(config, results)
+    for result in results:
+        if accumulation_cause and not result.passed:
+            result.diagnosis.append(accumulation_cause)
     return results
 
 

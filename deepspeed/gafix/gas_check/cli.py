@@ -239,6 +239,7 @@ def main(argv=None):
 
     import deepspeed
     import deepspeed.comm as dist
+    from .accumulation import reading as bf16_accumulation_reading
     from .check import DEFAULT_SPLITS, check_gas_invariance, config_dtype, format_results
     from .progress import Progress
     deepspeed.init_distributed()
@@ -261,6 +262,9 @@ def main(argv=None):
     except ValueError as err:
         print(f"ds_gas_check: error: {err}", file=sys.stderr)
         return 2
+    accumulation_note, _ = bf16_accumulation_reading(config, results)
+    if accumulation_note:
+        notes.append(accumulation_note)
     if rank0:
         zero = config.get("zero_optimization", {}).get("stage", 0)
         what = (f"model {args.hf_model or args.model}, " if args.hf_model or args.model else "")

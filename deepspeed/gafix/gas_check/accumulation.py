@@ -1,0 +1,58 @@
+# SPDX-License-Identifier: Apache-2.0
+
+# DeepSpeed Team
+"""What accumulating gradients in bf16 costs a check, and the config change that removes it.
+
+With bf16 and no ``data_types.grad_accum_dtype``, DeepSpeed accumulates the micro-batches' gradients
+in bf16 (8 significant bits): every micro-batch's addition rounds the sum, so the error grows with
+GAS. Measured with ``ds_gas_check`` (1 CPU rank, the built-in MLP, AdamW, ZeRO-2, splits 16x1 ...
+1x16): step-1 update error 1.1e-5 at GAS 1 to 8, 6.4e-2 at GAS 16 (a fail); with
+``"grad_accum_dtype": "fp32"`` 1.3e-5 at GAS 16 on ZeRO-1 and ZeRO-2 alike (docs/gas_check.md).
+"""
+
+import math
+
+FIX = '"data_types": {"grad_accum_dtype": "fp32"}'
+
+
+def accumulates_in_bf16(config):
+    """True when the engine will sum micro-batch gradients in bf16 (the model's dtype by default)."""
+    if not config.get("bf16", {}).get("enabled", False):
+        return False
+    accum = str(config.get("data_types", {}).get("grad_accum_dtype") or "bf16").lower()
+    return accum in ("bf16", "bfloat16", "torch.bfloat16")
+
+
+def _change(config):
+    stage = config.get("zero_optimization", {}).get("stage", 0)
+    if stage == 0:
+        # Without ZeRO, DeepSpeed refuses bf16 weights with fp32 accumulation (an unsupported mix).
+        return f"ZeRO stage 1 or more with {FIX}"
+    return FIX
+
+
+def by_gas(results):
+    """``{gas: worst step-1 update error over the splits with that GAS}``, in GAS order."""
+    worst = {}
+    for result in results:
+        error = result.update_errors[0] if result.update_errors else float("nan")
+        worst[result.gas] = max(worst.get(result.gas, 0.0), error)
+    return dict(sorted(worst.items()))
+
+
+def reading(config, results):
+    """``(note, cause)``: a note on the accumulation dtype when the check runs GAS > 1 in bf16 (None
+    otherwise), and the cause to give failing splits when bf16 accumulation explains them: every
+    failing split accumulates (GAS > 1) and every GAS 1 split passes (None otherwise)."""
+    if not accumulates_in_bf16(config) or max((r.gas for r in results), default=1) == 1:
+        return None, None
+    errors = ", ".join(f"GAS {gas}: {error:.1e}" for gas, error in by_gas(results).items() if not math.isnan(error))
+    note = (f"gradients accumulate in bf16 (data_types.grad_accum_dtype unset: the model's dtype), so the "
+            f"error grows with GAS (step-1 update error {errors}); {_change(config)} accumulates in fp32")
+    failing = [r for r in results if not r.passed]
+    if not failing or any(r.gas == 1 for r in failing):
+        return note, None
+    gas_1 = ", GAS 1 passes" if any(r.gas == 1 for r in results) else ""
+    cause = (f"likely cause: bf16 gradient accumulation (each micro-batch's gradient added to a sum with 8 "
+             f"significant bits; only splits with GAS > 1 fail{gas_1}): set {_change(config)}")
+    return note, cause
