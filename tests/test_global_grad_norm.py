@@ -50,6 +50,9 @@ PLAN_BUILDS = {case: 0 if case == "zero1_bf16_fp32_accumulation" else 1 for case
 OVERFLOW_CASES = ["zero2_fp16_overflow", "zero3_fp16_overflow"]
 # zero_optimization.compute_grad_norm false (upstream #8331): collectives in step(), update tolerance.
 NO_NORM_CASES = {"zero1_no_norm_fp32": (0, 1e-6), "zero2_no_norm_fp32": (0, 1e-6), "zero2_no_norm_fp16": (1, 1e-2)}
+# Muon (2-D weights orthogonalized, the rest Adam): its fp16 update carries no loss scale, so the
+# norm scales its squares back; every case takes one collective (0.19.8: 2 in fp32, 3 in fp16).
+MUON_CASES = ["zero1_muon_fp32", "zero2_muon_fp32", "zero1_muon_fp16", "zero2_muon_fp16", "zero2_offload_muon_fp16"]
 PIPELINE_CASES = ["pipeline_buffer_dtype", "pipeline_fp32_norm", "pipeline_tied_fp32_norm", "pipeline_fp16_norm"]
 
 
@@ -61,7 +64,7 @@ def tolerance(case):
 def launched(extensions_dir):
     return launch_cases(WORKER,
                         nprocs=2,
-                        cases=[*COLLECTIVES, *OVERFLOW_CASES, *NO_NORM_CASES, *PIPELINE_CASES],
+                        cases=[*COLLECTIVES, *OVERFLOW_CASES, *NO_NORM_CASES, *MUON_CASES, *PIPELINE_CASES],
                         extensions_dir=extensions_dir,
                         timeout=900)
 
@@ -134,6 +137,24 @@ def test_compute_grad_norm_false_takes_no_norm(launched, case):
         assert result["norm"] is None, f"rank {rank}: {result}"
         assert result["collectives_in_boundary_step"] == collectives, f"rank {rank}: {result}"
         assert result["update_error"] <= update_tolerance, f"rank {rank}: {result}"
+
+
+@pytest.mark.parametrize("case", [c for c in MUON_CASES if "fp16" in c])
+def test_muon_fp16_norm_equals_fp32(launched, case):
+    """The same Muon step in fp16 and fp32 (loss scale 1): the norms agree within fp16 rounding (a
+    Muon update left without the loss scale would make the fp16 one 256 times too small)."""
+    fp32 = launched.case(case.replace("offload_", "").replace("fp16", "fp32"))
+    for rank, (result, same) in enumerate(zip(launched.case(case), fp32)):
+        assert result["skipped_steps"] == 0, f"rank {rank}: {result}"
+        assert abs(result["norm"] -
+                   same["norm"]) <= 3e-3 * same["norm"], f"rank {rank}: {result['norm']} vs {same['norm']}"
+
+
+@pytest.mark.fork_only
+@pytest.mark.parametrize("case", MUON_CASES)
+def test_muon_takes_one_collective(launched, case):
+    for rank, result in enumerate(launched.case(case)):
+        assert result["collectives_in_boundary_step"] == 1, f"rank {rank}: {result}"
 
 
 def test_pipeline_fp32_reports_the_norm(launched):

@@ -188,6 +188,40 @@ def no_norm_case(extra):
     return run
 
 
+def muon_case(extra):
+    """The Muon optimizer (2-D weights orthogonalized, the rest Adam), clipping 1.0: the norm (of the
+    Muon updates and the other gradients together, the quantity its clip uses) and the collectives of
+    the boundary step. With fp16 the Muon update carries no loss scale, so its group's norm needs the
+    scale put back (upstream did that per group)."""
+
+    def run():
+        from deepspeed.utils import safe_get_full_fp32_param
+        layers = make_layers()
+        model = torch.nn.Sequential(*copy.deepcopy(layers))
+        config = base_config(dict(extra, optimizer={"type": "Muon", "params": {"lr": 0.01}}))
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+        dtype = next(engine.module.parameters()).dtype
+        inputs, targets = global_batch(MICRO * GAS * dist.get_world_size())
+        x, y = rank_share(inputs, targets, dist.get_rank(), MICRO * GAS)
+        counts = []
+        for batch, target in micro_batches(x, y, MICRO, GAS, dtype):
+            engine.backward(mse(engine(batch), target))
+            with CollectiveCounter() as counter:
+                engine.step()
+            counts.append(len(counter.calls))
+        norm = engine.get_global_grad_norm()
+        weights = torch.cat([safe_get_full_fp32_param(p).detach().flatten() for p in engine.module.parameters()])
+        engine.destroy()
+        return {
+            "collectives_in_boundary_step": counts[-1],
+            "norm": None if norm is None else float(norm),
+            "weights": weights.tolist(),
+            "skipped_steps": engine.skipped_steps,
+        }
+
+    return run
+
+
 def moe_case(stage):
 
     def run():
@@ -446,6 +480,42 @@ CASES = {
             "stage": 2,
             "compute_grad_norm": False
         }
+    }),
+    "zero1_muon_fp32":
+    muon_case({"zero_optimization": {
+        "stage": 1
+    }}),
+    "zero2_muon_fp32":
+    muon_case({"zero_optimization": {
+        "stage": 2
+    }}),
+    "zero1_muon_fp16":
+    muon_case({
+        "fp16": {
+            "enabled": True,
+            "initial_scale_power": 8
+        },
+        "zero_optimization": {
+            "stage": 1
+        }
+    }),
+    "zero2_muon_fp16":
+    muon_case({
+        "fp16": {
+            "enabled": True,
+            "initial_scale_power": 8
+        },
+        "zero_optimization": {
+            "stage": 2
+        }
+    }),
+    "zero2_offload_muon_fp16":
+    muon_case({
+        "fp16": {
+            "enabled": True,
+            "initial_scale_power": 8
+        },
+        "zero_optimization": dict(stage=2, **OFFLOAD)
     }),
     "zero1_moe_fp32":
     moe_case(1),

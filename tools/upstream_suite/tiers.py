@@ -77,6 +77,8 @@ FULL_TIER_COVERAGE = (
         "unit/checkpoint/test_pipeline.py", "0008 0009",
         "pipeline checkpoints: fail on pristine 0.19.8 too on a CPU (fp16; PipelineEngine has no "
         "sparse_tensor_module_names); tests/test_checkpoint_swap.py covers the pipeline instead"),
+    _covered("unit/ops/muon/test_muon.py", "0015",
+             "Muon on ZeRO 1-3, fp16, clipping 1.0: skips on a CPU (no fp16 there); GPU tier"),
     _covered("unit/checkpoint/test_moe_checkpoint.py", "0008 0013",
              "MoE checkpoints: fp16 only, fail on pristine 0.19.8 too on a CPU; GPU tier"),
 )
