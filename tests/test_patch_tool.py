@@ -72,6 +72,27 @@ def test_check_fails_on_a_hand_edited_patch(repo_copy):
     assert patch.name in proc.stdout
 
 
+def test_check_fails_on_a_patch_without_signoff_test_or_changelog_entry(repo_copy):
+    """Three patches, each missing one thing upstream needs: a Signed-off-by (0010 lacked one until
+    gafix.2), a test that exists, a CHANGELOG entry. check names each and fails."""
+    unsigned, untested, unlisted = [p.path for p in read_series(repo_copy)[1:4]]
+    unsigned.write_text("".join(line for line in unsigned.read_text().splitlines(keepends=True)
+                                if not line.startswith("Signed-off-by:")))
+    text = untested.read_text()
+    untested.write_text(
+        text.replace(text[text.index("\nTest:"):text.index("\n---\n")],
+                     "\nTest: tests/no_such_test.py covers it.\n\nSigned-off-by: A <a@b.c>"))
+    number = unlisted.name[:4]
+    changelog = repo_copy / "CHANGELOG.md"
+    changelog.write_text(changelog.read_text().replace(f"Patch {number}",
+                                                       "A patch").replace(f"patch {number}", "a patch"))
+    proc = patches_tool(repo_copy, "check")
+    assert proc.returncode == 1, proc.stdout
+    assert f"{unsigned.name}: no Signed-off-by trailer" in proc.stdout
+    assert f"{untested.name}: its message names no existing test file" in proc.stdout
+    assert f"{unlisted.name}: CHANGELOG.md has no entry naming 'patch {number}'" in proc.stdout
+
+
 def test_edit_export_build_mirrors_csrc(repo_copy, tmp_path):
     tree = tmp_path / "tree"
     assert patches_tool(repo_copy, "materialise", "--dir", str(tree)).returncode == 0

@@ -7,7 +7,8 @@
   materialise  git work tree: pristine upstream sdist as the base commit (tag gafix-base),
                one commit per patch of patches/series (branch gafix)
   export       write the commits gafix-base..HEAD back to patches/ and patches/series
-  check        fail when exporting a fresh work tree would change patches/ (byte for byte)
+  check        fail when exporting a fresh work tree would change patches/ (byte for byte), or when
+               a patch lacks a Signed-off-by, a test or a CHANGELOG entry (tools/patch_rules.py)
   rebase       move the work tree's commits onto a new upstream release and update upstream.json
 
 See docs/patches.md for the workflow.
@@ -24,11 +25,13 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tools"))
 
 from gafix_build import BuildError, Pin, load_pin, obtain_sdist, read_series  # noqa: E402
 from gafix_build.pin import PIN_FILE  # noqa: E402
 from gafix_build.sdist import extract_sdist  # noqa: E402
 from gafix_build.series import SERIES_FILE  # noqa: E402
+from patch_rules import problems as patch_problems  # noqa: E402
 
 BASE_TAG = "gafix-base"
 BRANCH = "gafix"
@@ -134,6 +137,12 @@ def check(repo=REPO):
         ]
 
 
+def rule_problems(repo=REPO):
+    """What each patch of the series lacks to go upstream (tools/patch_rules.py), in series order."""
+    changelog = (Path(repo) / "CHANGELOG.md").read_text()
+    return [problem for patch in read_series(repo) for problem in patch_problems(patch.path, repo, changelog)]
+
+
 def rebase(tree, version, sha256, repo=REPO):
     """Rebase the work tree's commits onto a new upstream release; update upstream.json when it lands."""
     tree = Path(tree).resolve()
@@ -183,12 +192,16 @@ def main(argv=None):
             names = export(args.dir, REPO / "patches")
             print(f"exported {len(names)} patch(es) to patches/ and {SERIES_FILE}")
         elif args.command == "check":
-            differing = check()
+            differing, lacking = check(), rule_problems()
             if differing:
                 print("patches/ differs from a fresh materialise+export in: " + ", ".join(differing))
                 print("run: tools/patches.py materialise && tools/patches.py export")
+            for problem in lacking:
+                print(problem)
+            if differing or lacking:
                 return 1
-            print(f"{SERIES_FILE} is up to date: materialise+export reproduces patches/ byte for byte")
+            print(f"{SERIES_FILE} is up to date: materialise+export reproduces patches/ byte for byte; every "
+                  "patch is signed off, names its test and has a CHANGELOG entry")
         elif args.command == "rebase":
             if rebase(args.dir, args.version, args.sha256):
                 print(f"rebased onto {args.version}; upstream.json updated. Now: tools/patches.py export")

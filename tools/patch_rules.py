@@ -1,0 +1,57 @@
+# SPDX-License-Identifier: Apache-2.0
+
+# DeepSpeed Team
+"""What every patch of the series must carry before it can go upstream (``tools/patches.py check``).
+
+- a ``Signed-off-by:`` trailer (upstream's DCO check rejects a commit without one);
+- a ``Test:`` paragraph naming at least one test file that exists: ours (``tests/...py`` in this
+  repository) or one the patch itself adds (``tests/unit/...py`` in upstream's tree);
+- a CHANGELOG.md entry naming it ("patch 0013", any case).
+"""
+
+import re
+from pathlib import Path
+
+_TEST_PATH = re.compile(r"\btests/[\w/.-]+\.py\b")
+
+
+def message_of(patch_text):
+    """The commit message of a ``git format-patch`` file: after the headers, before the diffstat."""
+    head = patch_text.split("\n---\n", 1)[0]
+    return head.split("\n\n", 1)[1] if "\n\n" in head else ""
+
+
+def test_paragraph(message):
+    """The text from a line starting with ``Test:`` up to the next empty line or trailer."""
+    lines, inside = [], False
+    for line in message.splitlines():
+        if line.startswith("Test:"):
+            inside = True
+        elif inside and (not line.strip() or line.startswith("Signed-off-by:")):
+            break
+        if inside:
+            lines.append(line)
+    return "\n".join(lines)
+
+
+def files_added(patch_text):
+    return set(re.findall(r"^\+\+\+ b/(\S+)$", patch_text, flags=re.MULTILINE))
+
+
+def problems(patch_path, repo, changelog_text):
+    """What ``patch_path`` lacks, as sentences naming the patch (empty when it carries everything)."""
+    patch_path = Path(patch_path)
+    text = patch_path.read_text()
+    message = message_of(text)
+    number = patch_path.name[:4]
+    found = []
+    if not re.search(r"^Signed-off-by: .+<.+@.+>$", message, flags=re.MULTILINE):
+        found.append(f"{patch_path.name}: no Signed-off-by trailer (upstream's DCO check refuses it)")
+    named = _TEST_PATH.findall(test_paragraph(message))
+    existing = [path for path in named if (Path(repo) / path).is_file() or path in files_added(text)]
+    if not existing:
+        found.append(f"{patch_path.name}: its message names no existing test file in a 'Test:' paragraph "
+                     f"(named: {', '.join(named) or 'none'})")
+    if not re.search(rf"\bpatch(es)? [0-9, and]*\b{number}\b", changelog_text, flags=re.IGNORECASE):
+        found.append(f"{patch_path.name}: CHANGELOG.md has no entry naming 'patch {number}'")
+    return found
