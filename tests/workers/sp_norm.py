@@ -1,0 +1,122 @@
+# SPDX-License-Identifier: Apache-2.0
+
+# DeepSpeed Team
+"""Rank worker: Ulysses sequence parallelism (``deepspeed.runtime.sequence_parallel.parallel_state_sp``
+as the engine's mpu): the global grad norm and the update against fp64.
+
+Sequence parallelism splits each sample's sequence over the SP ranks; every SP rank's loss is its
+chunk's share of the sample's loss, and the engine SUMS the gradients over the SP ranks (it averages
+over data-parallel ranks only). The gradient path is what this checks, so a small MLP stands for
+the model: each rank's micro-batch is its chunk, its loss the chunk's sum of squared errors divided
+by the whole (global) batch's element count, so that the sum over every rank and micro-batch of the
+losses is the fp64 mean over the global batch, and DP x GAS averaging is undone by scaling with DP x
+GAS. Case names: ``<path>_sp<sp>_m<micro>_g<gas>``.
+"""
+
+import copy
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+import deepspeed  # noqa: E402
+import deepspeed.comm as dist  # noqa: E402
+from helpers.collectives import CollectiveCounter  # noqa: E402
+from helpers.rank_cases import run_cases  # noqa: E402
+from helpers.small_model import global_batch, make_layers, micro_batches, rank_share  # noqa: E402
+
+GLOBAL_BATCH = 16
+LR, CLIP = 0.1, 1.0
+PATHS = {
+    "zero0_fp32": {},
+    "zero1_fp32": {
+        "zero_optimization": {
+            "stage": 1
+        }
+    },
+    "zero2_fp32": {
+        "zero_optimization": {
+            "stage": 2
+        }
+    },
+}
+
+
+def case(path, sp, micro, gas):
+
+    def run():
+        from deepspeed.runtime.sequence_parallel import parallel_state_sp as sp_mpu
+        from deepspeed.utils import safe_get_full_fp32_param
+        world = dist.get_world_size()
+        dp = world // sp
+        if sp_mpu._SEQUENCE_PARALLEL_GROUP is None:  # process-wide groups: made once
+            sp_mpu.initialize_sequence_parallel(sp)
+        layers = make_layers()
+        model = torch.nn.Sequential(*copy.deepcopy(layers))
+        config = {
+            "train_micro_batch_size_per_gpu": micro,
+            "gradient_accumulation_steps": gas,
+            "optimizer": {
+                "type": "SGD",
+                "params": {
+                    "lr": LR
+                }
+            },
+            "zero_allow_untested_optimizer": True,
+            "gradient_clipping": CLIP,
+        }
+        config.update(PATHS[path])
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config, mpu=sp_mpu)
+        inputs, targets = global_batch(GLOBAL_BATCH)
+        per_rank = GLOBAL_BATCH // world
+        assert per_rank == micro * gas, f"{micro} x {gas} x {world} != {GLOBAL_BATCH}"
+        x, y = rank_share(inputs, targets, dist.get_rank(), per_rank)
+        elements = targets.numel()
+        counts = []
+        for batch, target in micro_batches(x, y, micro, gas):
+            # The chunk's share of the global mean, times the DP x GAS average the engine applies.
+            loss = ((engine(batch) - target)**2).sum() / elements * dp * gas
+            engine.backward(loss)
+            with CollectiveCounter() as counter:
+                engine.step()
+            counts.append(len(counter.calls))
+        norm = engine.get_global_grad_norm()
+        after = [(safe_get_full_fp32_param(p) if engine.zero_optimization() else p).detach().double()
+                 for p in engine.module.parameters()]
+        engine.destroy()
+
+        reference = torch.nn.Sequential(*copy.deepcopy(layers)).double()
+        before = [p.detach().clone() for p in reference.parameters()]
+        torch.nn.functional.mse_loss(reference(inputs.double()), targets.double()).backward()
+        grads = [p.grad for p in reference.parameters()]
+        reference_norm = float(torch.linalg.vector_norm(torch.cat([g.flatten() for g in grads])))
+        coef = min(1.0, CLIP / (reference_norm + 1e-6))
+        expected = [w - LR * coef * g for w, g in zip(before, grads)]
+        gap = torch.cat([(a - e).flatten() for a, e in zip(after, expected)])
+        step = torch.cat([(e - b).flatten() for e, b in zip(expected, before)])
+        return {
+            "collectives_in_boundary_step": counts[-1],
+            "norm": None if norm is None else float(norm),
+            "reference_norm": reference_norm,
+            "update_error": float(gap.norm() / step.norm()),
+        }
+
+    return run
+
+
+def splits(world):
+    per_rank = GLOBAL_BATCH // world
+    return [(per_rank, 1), (per_rank // 2, 2)]
+
+
+if __name__ == "__main__":
+    world = int(os.environ.get("WORLD_SIZE", "2"))
+    run_cases({
+        f"{path}_sp{sp}_m{m}_g{g}": case(path, sp, m, g)
+        for path in PATHS
+        for sp in (2, )
+        for m, g in splits(world)
+    })
