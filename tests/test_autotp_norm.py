@@ -1,0 +1,56 @@
+# SPDX-License-Identifier: Apache-2.0
+
+# DeepSpeed Team
+"""AutoTP training (``tensor_parallel.autotp_size`` 2): the global grad norm and the update equal fp64
+PyTorch on the unsplit model (issue #11, item 5).
+
+tests/workers/autotp_norm.py splits an MLP as AutoTP splits a transformer's (a column-parallel linear,
+a row-parallel one with a replicated bias, a replicated last linear) on 2 ranks (TP 2) and 4 ranks
+(TP 2 x DP 2), ZeRO 0/1/2, micro-batch x GAS at 2 splits: split parameters count per shard,
+replicated ones once. Measured equal on the fork and on 0.19.8 (which reports no norm without ZeRO).
+"""
+
+import pytest
+
+from helpers.launch import launch_cases
+from helpers.repo import REPO
+
+WORKER = REPO / "tests" / "workers" / "autotp_norm.py"
+SPLITS = {2: [(8, 1), (4, 2)], 4: [(4, 1), (2, 2)]}
+PATHS = ["zero0_fp32", "zero1_fp32", "zero2_fp32"]
+CASES = [(ranks, f"{path}_m{m}_g{g}") for ranks in SPLITS for path in PATHS for m, g in SPLITS[ranks]]
+
+
+@pytest.fixture(scope="module")
+def launched(extensions_dir):
+    return {
+        ranks:
+        launch_cases(WORKER,
+                     nprocs=ranks,
+                     cases=[name for r, name in CASES if r == ranks],
+                     extensions_dir=extensions_dir,
+                     timeout=900)
+        for ranks in SPLITS
+    }
+
+
+def ids(case):
+    return f"{case[0]}ranks-{case[1]}"
+
+
+@pytest.mark.parametrize("case", CASES, ids=ids)
+def test_norm_and_update_match_fp64_reference(launched, case):
+    ranks, name = case
+    for rank, result in enumerate(launched[ranks].case(name)):
+        assert result["norm"] is not None, f"rank {rank}: get_global_grad_norm() is None"
+        assert abs(result["norm"] - result["reference_norm"]) <= 1e-6 * result["reference_norm"], result
+        assert result["update_error"] <= 2e-6, f"rank {rank}: {result}"
+
+
+@pytest.mark.fork_only
+@pytest.mark.parametrize("case", CASES, ids=ids)
+def test_one_collective_per_step(launched, case):
+    """0.19.8: 2 on every case here."""
+    ranks, name = case
+    for rank, result in enumerate(launched[ranks].case(name)):
+        assert result["collectives_in_boundary_step"] == 1, f"rank {rank}: {result}"

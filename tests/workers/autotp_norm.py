@@ -1,0 +1,135 @@
+# SPDX-License-Identifier: Apache-2.0
+
+# DeepSpeed Team
+"""Rank worker: AutoTP training (``tensor_parallel.autotp_size`` 2): the global grad norm and the
+update against fp64 PyTorch on the unsplit model.
+
+The MLP of helpers/small_model.py with its first linear column-parallel (``LinearLayer``: weight and
+bias split by rows) and its second row-parallel (``LinearAllreduce``: weight split by columns, bias
+replicated), the last linear replicated, as AutoTP shards a transformer's MLP. Split parameters must
+count per shard, replicated ones once. Case names: ``<path>_m<micro>_g<gas>``; one global batch of 8.
+"""
+
+import copy
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+import deepspeed  # noqa: E402
+import deepspeed.comm as dist  # noqa: E402
+from helpers.collectives import CollectiveCounter  # noqa: E402
+from helpers.rank_cases import run_cases  # noqa: E402
+from helpers.small_model import global_batch, make_layers, micro_batches, mse, rank_share  # noqa: E402
+
+GLOBAL_BATCH, TP = 8, 2
+LR, CLIP = 0.1, 1.0
+COLUMN, ROW = 0, 2  # indices in make_layers()
+PATHS = {"zero0_fp32": 0, "zero1_fp32": 1, "zero2_fp32": 2}
+
+
+def config(stage, micro, gas):
+    return {
+        "train_micro_batch_size_per_gpu": micro,
+        "gradient_accumulation_steps": gas,
+        "optimizer": {
+            "type": "SGD",
+            "params": {
+                "lr": LR
+            }
+        },
+        "zero_allow_untested_optimizer": True,
+        "gradient_clipping": CLIP,
+        "zero_optimization": {
+            "stage": stage
+        },
+        # Layers are split by hand below; AutoTP's own pattern matching is told to leave them.
+        "tensor_parallel": {
+            "autotp_size": TP,
+            "partition_config": {
+                "use_default_specs": False,
+                "layer_specs": [{
+                    "patterns": [".*\\.weight$"],
+                    "partition_type": "skip"
+                }]
+            }
+        },
+    }
+
+
+def shard(name, tensor, tp_rank):
+    """This TP rank's part of the unsplit model's ``name`` (a parameter name of the Sequential)."""
+    index, kind = int(name.split(".")[0]), name.split(".")[1]
+    if index == COLUMN:
+        return tensor.chunk(TP, dim=0)[tp_rank]
+    if index == ROW and kind == "weight":
+        return tensor.chunk(TP, dim=1)[tp_rank]
+    return tensor
+
+
+def case(path, micro, gas):
+
+    def run():
+        from deepspeed.module_inject.layers import LinearAllreduce, LinearLayer
+        from deepspeed.utils import groups, safe_get_full_fp32_param
+        cfg = config(PATHS[path], micro, gas)
+        layers = make_layers()
+        reference = torch.nn.Sequential(*copy.deepcopy(layers)).double()
+        model = torch.nn.Sequential(*copy.deepcopy(layers))
+        # A first engine creates the TP groups (as upstream's AutoTP tests do), then the layers are split.
+        warmup = torch.nn.Linear(4, 4)
+        deepspeed.initialize(model=warmup, model_parameters=warmup.parameters(), config=cfg)[0].destroy()
+        group = groups.get_tensor_model_parallel_group()
+        model[COLUMN] = LinearLayer(model[COLUMN], group)
+        model[ROW] = LinearAllreduce(model[ROW], group)
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+        tp_rank = dist.get_rank(group=group)
+        dp_world = dist.get_world_size() // TP
+        dp_rank = dist.get_rank(group=groups._get_data_parallel_group())
+
+        inputs, targets = global_batch(GLOBAL_BATCH)
+        per_rank = GLOBAL_BATCH // dp_world
+        assert per_rank == micro * gas, f"{micro} x {gas} x {dp_world} data-parallel != {GLOBAL_BATCH}"
+        x, y = rank_share(inputs, targets, dp_rank, per_rank)
+        counts = []
+        for batch, target in micro_batches(x, y, micro, gas):
+            engine.backward(mse(engine(batch), target))
+            with CollectiveCounter() as counter:
+                engine.step()
+            counts.append(len(counter.calls))
+        norm = engine.get_global_grad_norm()
+        names = [name for name, _ in engine.module.named_parameters()]
+        after = [(safe_get_full_fp32_param(p) if PATHS[path] else p).detach().double()
+                 for p in engine.module.parameters()]
+        engine.destroy()
+
+        torch.nn.functional.mse_loss(reference(inputs.double()), targets.double()).backward()
+        named = dict(reference.named_parameters())
+        reference_norm = float(torch.linalg.vector_norm(torch.cat([p.grad.flatten() for p in named.values()])))
+        coef = min(1.0, CLIP / (reference_norm + 1e-6))
+        before = [shard(n, named[n].detach(), tp_rank) for n in names]
+        expected = [shard(n, named[n].detach() - LR * coef * named[n].grad, tp_rank) for n in names]
+        gap = torch.cat([(a - e).flatten() for a, e in zip(after, expected)])
+        step = torch.cat([(e - b).flatten() for e, b in zip(expected, before)])
+        return {
+            "collectives_in_boundary_step": counts[-1],
+            "norm": None if norm is None else float(norm),
+            "reference_norm": reference_norm,
+            "update_error": float(gap.norm() / step.norm()),
+            "data_parallel_rank": dp_rank,
+        }
+
+    return run
+
+
+def splits(world):
+    per_rank = GLOBAL_BATCH // (world // TP)
+    return [(per_rank, 1), (per_rank // 2, 2)]
+
+
+if __name__ == "__main__":
+    world = int(os.environ.get("WORLD_SIZE", "2"))
+    run_cases({f"{path}_m{m}_g{g}": case(path, m, g) for path in PATHS for m, g in splits(world)})
