@@ -93,18 +93,48 @@ def test_check_fails_on_a_patch_without_signoff_test_or_changelog_entry(repo_cop
     assert f"{unlisted.name}: CHANGELOG.md has no entry naming 'patch {number}'" in proc.stdout
 
 
+def test_export_prs_apply_in_order_on_pristine_and_build_the_same_tree(tmp_path):
+    """Each PR bundle applies with git am on pristine upstream after the ones before it; all applied,
+    the tree is the one setup.py builds (less the fork's own files), each bundle keeps its sign-off,
+    and the overlay files travel with the first patch that needs them."""
+    out = tmp_path / "prs"
+    proc = patches_tool(REPO, "export-prs", str(out))
+    assert proc.returncode == 0, proc.stdout
+    bundles = sorted(path for path in out.iterdir())
+    assert [b.name for b in bundles] == [p.path.stem for p in read_series(REPO)]
+    tree = tmp_path / "tree"
+    assert patches_tool(REPO, "materialise", "--dir", str(tree)).returncode == 0
+    git(tree, "checkout", "-q", "--detach", "gafix-base")
+    for bundle in bundles:
+        mbox = (bundle / "pr.mbox").read_text()
+        assert "\nSigned-off-by: " in mbox, bundle.name
+        assert (bundle / "description.md").read_text().startswith("# "), bundle.name
+        git(tree, "-c", "user.name=T", "-c", "user.email=t@example.invalid", "am", "-q", str(bundle / "pr.mbox"))
+    assert "op_builder/fused_norm.py" in (out / bundles[6].name / "description.md").read_text()
+    built = assemble_tree(REPO, tmp_path / "built")
+    ours = {p.relative_to(built).as_posix() for p in built.rglob("*") if p.is_file()}
+    theirs = {p.relative_to(tree).as_posix() for p in tree.rglob("*") if p.is_file() and ".git" not in p.parts}
+    fork_only = {path for path in ours if path.startswith("deepspeed/gafix/")}
+    assert theirs == ours - fork_only
+    differing = [path for path in theirs if (tree / path).read_bytes() != (built / path).read_bytes()]
+    assert differing == [], differing
+
+
 def test_edit_export_build_mirrors_csrc(repo_copy, tmp_path):
     tree = tmp_path / "tree"
     assert patches_tool(repo_copy, "materialise", "--dir", str(tree)).returncode == 0
     marker = "// deepspeed-gafix test: this line reaches the sdist's deepspeed/ops/csrc copy too\n"
     with open(tree / "csrc" / "cpu" / "comm" / "shm.cpp", "a") as f:
         f.write(marker)
-    commit_all(tree, "Mark shm.cpp\n\nA test edit.")
+    commit_all(tree, "Mark shm.cpp\n\nA test edit.\n\nTest: tests/test_patch_tool.py")
     proc = patches_tool(repo_copy, "export", "--dir", str(tree))
     assert proc.returncode == 0, proc.stdout
     series = read_series(repo_copy)
     assert series[-1].subject == "Mark shm.cpp"
-    assert patches_tool(repo_copy, "check").returncode == 0
+    changelog = repo_copy / "CHANGELOG.md"
+    changelog.write_text(changelog.read_text() + f"\n- Patch {series[-1].name[:4]}: a test edit.\n")
+    proc = patches_tool(repo_copy, "check")
+    assert proc.returncode == 0, proc.stdout
     built = assemble_tree(repo_copy)
     assert (built / "csrc/cpu/comm/shm.cpp").read_text().endswith(marker)
     assert (built / "deepspeed/ops/csrc/cpu/comm/shm.cpp").read_text().endswith(marker)

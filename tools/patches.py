@@ -10,6 +10,8 @@
   check        fail when exporting a fresh work tree would change patches/ (byte for byte), or when
                a patch lacks a Signed-off-by, a test or a CHANGELOG entry (tools/patch_rules.py)
   rebase       move the work tree's commits onto a new upstream release and update upstream.json
+  export-prs   per patch, a PR bundle (mbox for git am on pristine upstream, with the overlay files it
+               needs, and a description): tools/pr_bundles.py
 
 See docs/patches.md for the workflow.
 """
@@ -183,6 +185,8 @@ def main(argv=None):
             cmd.add_argument("--version", required=True, help="the new upstream release, e.g. 0.19.9")
             cmd.add_argument("--sha256", required=True, help="sha256 of its sdist (from the registry's file list)")
     sub.add_parser("check")
+    prs = sub.add_parser("export-prs")
+    prs.add_argument("out_dir", metavar="DIR", help="where the bundles go (one directory per patch)")
     args = parser.parse_args(argv)
     try:
         if args.command == "materialise":
@@ -202,6 +206,10 @@ def main(argv=None):
                 return 1
             print(f"{SERIES_FILE} is up to date: materialise+export reproduces patches/ byte for byte; every "
                   "patch is signed off, names its test and has a CHANGELOG entry")
+        elif args.command == "export-prs":
+            from pr_bundles import export_prs
+            bundles = export_prs(args.out_dir)
+            print(f"{len(bundles)} PR bundle(s) in {args.out_dir}: apply their pr.mbox in order with git am")
         elif args.command == "rebase":
             if rebase(args.dir, args.version, args.sha256):
                 print(f"rebased onto {args.version}; upstream.json updated. Now: tools/patches.py export")
