@@ -140,12 +140,15 @@ def test_edit_export_build_mirrors_csrc(repo_copy, tmp_path):
     assert (built / "deepspeed/ops/csrc/cpu/comm/shm.cpp").read_text().endswith(marker)
 
 
-def fake_next_release(pristine_sdist, workdir, version):
-    """An sdist like the pinned one, as if upstream had released ``version`` with an unrelated change."""
+def fake_next_release(pristine_sdist, workdir, version, edit=None):
+    """An sdist like the pinned one, as if upstream had released ``version`` with an unrelated change
+    (and whatever ``edit(tree)`` changes besides)."""
     tree = extract_sdist(pristine_sdist, Path(workdir) / f"deepspeed-{version}")
     (tree / "version.txt").write_text(f"{version}\n")
     with open(tree / "deepspeed" / "constants.py", "a") as f:
         f.write("\n# an upstream change between releases\n")
+    if edit:
+        edit(tree)
     sdist = Path(workdir) / f"deepspeed-{version}.tar.gz"
     with tarfile.open(sdist, "w:gz") as tar:
         tar.add(tree, arcname=tree.name)
@@ -175,3 +178,42 @@ def test_rebase_onto_next_release(repo_copy, tmp_path):
     assert (built / "version.txt").read_text().strip() == "0.19.99"
     assert "an upstream change between releases" in (built / "deepspeed" / "constants.py").read_text()
     assert (built / "build.txt").read_text().strip().startswith("+gafix.")
+
+
+def test_rebase_reports_each_patch_applied_already_upstream_or_conflicting(repo_copy, tmp_path):
+    """A release that merged patch 0003's fix and rewrote the line patch 0009 changes: the report names
+    0003 already upstream, 0009 in conflict (in its file), every other patch applied."""
+    series = read_series(repo_copy)
+    merged, conflicting = series[2], series[8]
+
+    def edit(tree):
+        subprocess.run(["git", "apply", str(merged.path)], cwd=tree, check=True)
+        engine = tree / "deepspeed" / "runtime" / "pipe" / "engine.py"
+        old = "if len(self._grad_layer_buf) <= idx or self._grad_layer_buf[idx].numel() < numel:"
+        assert old in engine.read_text()
+        engine.write_text(engine.read_text().replace(old, old.replace("< numel", "< numel + 0")))
+
+    tree = tmp_path / "tree"
+    assert patches_tool(repo_copy, "materialise", "--dir", str(tree)).returncode == 0
+    sdist, sha = fake_next_release(obtain_sdist(load_pin(REPO)), tmp_path, "0.19.99", edit)
+    proc = patches_tool(repo_copy,
+                        "rebase",
+                        "--dir",
+                        str(tree),
+                        "--version",
+                        "0.19.99",
+                        "--sha256",
+                        sha,
+                        env_extra={"DS_GAFIX_UPSTREAM_SDIST": str(sdist)})
+    assert proc.returncode == 1, proc.stdout  # the conflict stops the rebase for a person to resolve
+    lines = {line.split(" ", 1)[0]: line for line in proc.stdout.splitlines() if line[:4].isdigit()}
+    assert len(lines) == len(series), proc.stdout
+    for index, patch in enumerate(series):
+        line = lines[f"{index + 1:04d}"]
+        assert line.startswith(f"{index + 1:04d} {patch.subject}: "), line
+        if patch is merged:
+            assert line.endswith(": already upstream"), line
+        elif patch is conflicting:
+            assert line.endswith(": conflicts in deepspeed/runtime/pipe/engine.py"), line
+        else:
+            assert line.endswith(": applied"), line

@@ -145,6 +145,31 @@ def rule_problems(repo=REPO):
     return [problem for patch in read_series(repo) for problem in patch_problems(patch.path, repo, changelog)]
 
 
+def replay_report(tree, new_base, commits, names):
+    """``[(patch name, outcome, conflicting files)]``: each patch cherry-picked in order onto
+    ``new_base`` in a scratch worktree; outcome "applied", "already upstream" (nothing left to change)
+    or "conflicts" (that patch is skipped, so later ones are tried on without it)."""
+    report = []
+    with tempfile.TemporaryDirectory(dir=Path(tree).parent) as tmp:
+        scratch = Path(tmp) / "replay"
+        git(tree, "worktree", "add", "-q", "--detach", str(scratch), new_base)
+        try:
+            for name, commit in zip(names, commits):
+                proc = git(scratch, "cherry-pick", "--no-commit", commit, env=_committer(), check=False)
+                if proc.returncode != 0:
+                    files = git(scratch, "diff", "--name-only", "--diff-filter=U").stdout.split()
+                    git(scratch, "reset", "-q", "--hard", "HEAD")
+                    report.append((name, "conflicts", files))
+                elif git(scratch, "diff", "--cached", "--quiet", check=False).returncode == 0:
+                    report.append((name, "already upstream", []))
+                else:
+                    git(scratch, "commit", "-q", "--no-verify", "-C", commit, env=_committer())
+                    report.append((name, "applied", []))
+        finally:
+            git(tree, "worktree", "remove", "--force", str(scratch), check=False)
+    return report
+
+
 def rebase(tree, version, sha256, repo=REPO):
     """Rebase the work tree's commits onto a new upstream release; update upstream.json when it lands."""
     tree = Path(tree).resolve()
@@ -165,6 +190,9 @@ def rebase(tree, version, sha256, repo=REPO):
     old_base = git(tree, "rev-parse", BASE_TAG).stdout.strip()
     git(tree, "tag", "-f", f"upstream-{old_pin.version}", old_base)
     git(tree, "tag", "-f", BASE_TAG, new_base)
+    commits = git(tree, "rev-list", "--reverse", f"{old_base}..{BRANCH}").stdout.split()
+    names = git(tree, "log", "--reverse", "--format=%s", f"{old_base}..{BRANCH}").stdout.splitlines()
+    report = replay_report(tree, new_base, commits, names)
     proc = git(tree, "rebase", "-q", "--onto", new_base, old_base, BRANCH, env=_committer(), check=False)
     (Path(repo) / PIN_FILE).write_text(
         json.dumps({
@@ -172,7 +200,7 @@ def rebase(tree, version, sha256, repo=REPO):
             "version": new_pin.version,
             "sha256": new_pin.sha256
         }, indent=2) + "\n")
-    return proc.returncode == 0
+    return proc.returncode == 0, report
 
 
 def main(argv=None):
@@ -211,7 +239,10 @@ def main(argv=None):
             bundles = export_prs(args.out_dir)
             print(f"{len(bundles)} PR bundle(s) in {args.out_dir}: apply their pr.mbox in order with git am")
         elif args.command == "rebase":
-            if rebase(args.dir, args.version, args.sha256):
+            landed, report = rebase(args.dir, args.version, args.sha256)
+            for number, (subject, outcome, files) in enumerate(report, 1):
+                print(f"{number:04d} {subject}: {outcome}" + (f" in {', '.join(files)}" if files else ""))
+            if landed:
                 print(f"rebased onto {args.version}; upstream.json updated. Now: tools/patches.py export")
             else:
                 print(f"conflicts: resolve in {args.dir}, `git rebase --continue` there, then tools/patches.py export "
