@@ -12,26 +12,26 @@ replicated ones once. Measured equal on the fork and on 0.19.8 (which reports no
 
 import pytest
 
-from helpers.launch import launch_cases
+from helpers.launch import LaunchesByRanks
 from helpers.repo import REPO
 
 WORKER = REPO / "tests" / "workers" / "autotp_norm.py"
 SPLITS = {2: [(8, 1), (4, 2)], 4: [(4, 1), (2, 2)]}
 PATHS = ["zero0_fp32", "zero1_fp32", "zero2_fp32"]
-CASES = [(ranks, f"{path}_m{m}_g{g}") for ranks in SPLITS for path in PATHS for m, g in SPLITS[ranks]]
+ALL_CASES = [(ranks, f"{path}_m{m}_g{g}") for ranks in SPLITS for path in PATHS for m, g in SPLITS[ranks]]
+
+
+def marked(cases):
+    """4 ranks: with --run-slow (CI keeps to its 30 minutes; the 2-rank cases run the same paths)."""
+    return [case if case[0] == 2 else pytest.param(case, marks=pytest.mark.slow) for case in cases]
+
+
+CASES = marked(ALL_CASES)
 
 
 @pytest.fixture(scope="module")
 def launched(extensions_dir):
-    return {
-        ranks:
-        launch_cases(WORKER,
-                     nprocs=ranks,
-                     cases=[name for r, name in CASES if r == ranks],
-                     extensions_dir=extensions_dir,
-                     timeout=900)
-        for ranks in SPLITS
-    }
+    return LaunchesByRanks(WORKER, lambda ranks: [name for r, name in ALL_CASES if r == ranks], extensions_dir)
 
 
 def ids(case):

@@ -13,7 +13,7 @@ its norm (and, before patch 0004, never scaled the loss).
 
 import pytest
 
-from helpers.launch import launch_cases
+from helpers.launch import LaunchesByRanks
 from helpers.repo import REPO
 
 WORKER = REPO / "tests" / "workers" / "moe_norm.py"
@@ -27,7 +27,15 @@ PATHS = [
 # weights' dtype, relative to the update's size; bf16 rounding flips alone reach 3.7%.
 NORM_TOLERANCE = {"bf16": 5e-3, "fp16": 2e-3, "fp32": 1e-6}
 UPDATE_TOLERANCE = {"bf16": 6e-2, "fp16": 1e-2, "fp32": 1e-6}
-CASES = [(ranks, path, micro, gas) for ranks, splits in SPLITS.items() for path in PATHS for micro, gas in splits]
+ALL_CASES = [(ranks, path, micro, gas) for ranks, splits in SPLITS.items() for path in PATHS for micro, gas in splits]
+
+
+def marked(cases):
+    """4 ranks: with --run-slow (CI keeps to its 30 minutes; the 2-rank cases run the same paths)."""
+    return [case if case[0] == 2 else pytest.param(case, marks=pytest.mark.slow) for case in cases]
+
+
+CASES = marked(ALL_CASES)
 
 
 def case_name(path, micro, gas):
@@ -40,15 +48,9 @@ def tolerance(table, path):
 
 @pytest.fixture(scope="module")
 def launched(extensions_dir):
-    return {
-        ranks:
-        launch_cases(WORKER,
-                     nprocs=ranks,
-                     cases=[case_name(path, *split) for path in PATHS for split in SPLITS[ranks]],
-                     extensions_dir=extensions_dir,
-                     timeout=900)
-        for ranks in SPLITS
-    }
+    return LaunchesByRanks(WORKER,
+                           lambda ranks: [case_name(path, *split) for path in PATHS for split in SPLITS[ranks]],
+                           extensions_dir)
 
 
 def ids(case):
@@ -65,7 +67,7 @@ def test_norm_matches_fp64_reference(launched, case):
         assert error <= tolerance(NORM_TOLERANCE, path), f"rank {rank}: {result}"
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if "adam" not in c[1]], ids=ids)
+@pytest.mark.parametrize("case", marked([c for c in ALL_CASES if "adam" not in c[1]]), ids=ids)
 def test_update_matches_fp64_reference(launched, case):
     """SGD with clipping at 1.0 (the fp64 norm is 1.55, so it clips): a wrong norm is a wrong update."""
     ranks, path, micro, gas = case

@@ -142,3 +142,22 @@ def _progress(results_dir, nprocs):
 
 def _tail(log, lines=40):
     return "\n".join(log.splitlines()[-lines:])
+
+
+class LaunchesByRanks:
+    """Launches of one worker, one per rank count, each made the first time a test asks for it (so
+    tests of a rank count that all skip, slow ones in CI, cost no launch). ``cases_for(ranks)``: the
+    case names to run at that rank count."""
+
+    def __init__(self, script, cases_for, extensions_dir=None, timeout=900):
+        self.script, self.cases_for, self.extensions_dir, self.timeout = script, cases_for, extensions_dir, timeout
+        self.done = {}
+
+    def __getitem__(self, ranks):
+        if ranks not in self.done:
+            self.done[ranks] = launch_cases(self.script,
+                                            nprocs=ranks,
+                                            cases=self.cases_for(ranks),
+                                            extensions_dir=self.extensions_dir,
+                                            timeout=self.timeout)
+        return self.done[ranks]
