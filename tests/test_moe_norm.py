@@ -30,9 +30,14 @@ UPDATE_TOLERANCE = {"bf16": 6e-2, "fp16": 1e-2, "fp32": 1e-6}
 ALL_CASES = [(ranks, path, micro, gas) for ranks, splits in SPLITS.items() for path in PATHS for micro, gas in splits]
 
 
+def fast(ranks, path):
+    """CI runs the ZeRO-0 paths (patch 0013's) on 2 ranks; the rest, and 4 ranks, with --run-slow (CI keeps
+    to its 30 minutes; tests/test_global_grad_norm.py runs MoE on ZeRO-1/2 besides)."""
+    return ranks == 2 and path.startswith("zero0")
+
+
 def marked(cases):
-    """4 ranks: with --run-slow (CI keeps to its 30 minutes; the 2-rank cases run the same paths)."""
-    return [case if case[0] == 2 else pytest.param(case, marks=pytest.mark.slow) for case in cases]
+    return [case if fast(*case[:2]) else pytest.param(case, marks=pytest.mark.slow) for case in cases]
 
 
 CASES = marked(ALL_CASES)
@@ -47,10 +52,12 @@ def tolerance(table, path):
 
 
 @pytest.fixture(scope="module")
-def launched(extensions_dir):
-    return LaunchesByRanks(WORKER,
-                           lambda ranks: [case_name(path, *split) for path in PATHS for split in SPLITS[ranks]],
-                           extensions_dir)
+def launched(extensions_dir, request):
+    slow = request.config.getoption("--run-slow")
+    return LaunchesByRanks(
+        WORKER, lambda ranks:
+        [case_name(path, *split) for path in PATHS for split in SPLITS[ranks] if slow or fast(ranks, path)],
+        extensions_dir)
 
 
 def ids(case):

@@ -22,13 +22,9 @@ SPLITS = {2: [(8, 1), (4, 2)], 4: [(4, 1), (2, 2)]}
 PATHS = ["zero0_fp32", "zero1_fp32", "zero2_fp32"]
 ALL_CASES = [(ranks, f"{path}_sp2_m{m}_g{g}") for ranks in SPLITS for path in PATHS for m, g in SPLITS[ranks]]
 
-
-def marked(cases):
-    """4 ranks: with --run-slow (CI keeps to its 30 minutes; the 2-rank cases run the same paths)."""
-    return [case if case[0] == 2 else pytest.param(case, marks=pytest.mark.slow) for case in cases]
-
-
-CASES = marked(ALL_CASES)
+# Slow, 2 ranks too (with --run-slow): they establish paths where nothing was wrong, and CI keeps to
+# its 30 minutes.
+CASES = [pytest.param(case, marks=pytest.mark.slow) for case in ALL_CASES]
 
 
 @pytest.fixture(scope="module")
