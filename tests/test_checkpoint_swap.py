@@ -32,6 +32,18 @@ CONFIGS = [
     "pipe2_zero1_fp32_clip"
 ]
 UNIVERSAL = ["zero1_fp32_clip", "zero2_fp32_clip"]
+# CI's configurations (CI's 30 minutes): ZeRO 1, 2 and 3, bf16, fp16 with its dynamic loss scaler, offload
+# and the pipeline; --run-slow adds the rest.
+CI_CONFIGS = [
+    "zero1_fp32_clip", "zero1_bf16_clip", "zero2_fp16_dynamic_scale_clip", "zero3_offload_fp32_clip",
+    "pipe2_zero1_fp32_clip"
+]
+
+
+def config_param(config):
+    return pytest.param(config, marks=[] if config in CI_CONFIGS else [pytest.mark.slow])
+
+
 TAG = "swap"
 # Relative tolerance of the weights after the continued steps, by what the engine computes in.
 TOLERANCE = {"fp32": 0.0, "bf16": 2e-2, "fp16": 2e-3}
@@ -64,15 +76,21 @@ def weights_of(ranks, config):
 
 
 @pytest.fixture(scope="module")
-def swapped(tmp_path_factory, extensions_dir):
+def swapped(tmp_path_factory, extensions_dir, request):
     """Every install's own run and every load, as {(writer, loader): {config: ranks' reports}}."""
     root = tmp_path_factory.mktemp("checkpoint-swap")
+    configs = CONFIGS if request.config.getoption("--run-slow") else CI_CONFIGS
     fork_launcher = None
     pristine_launcher = str(Path(pristine_python()).with_name("deepspeed"))
     written = {"pristine": root / "pristine", "fork": root / "fork"}
 
     def launch(launcher, *args):
-        return launch_cases(WORKER, 2, extensions_dir=extensions_dir, extra_args=args, launcher=launcher, timeout=900)
+        return launch_cases(WORKER,
+                            2,
+                            extensions_dir=extensions_dir,
+                            extra_args=[*args, "--configs", ",".join(configs)],
+                            launcher=launcher,
+                            timeout=900)
 
     def by_prefix(launched, prefix):
         ran = set(launched.ranks[0])
@@ -88,7 +106,7 @@ def swapped(tmp_path_factory, extensions_dir):
     runs[("fork", "fork")] = by_prefix(second, "resume-f")
 
     # The fork converts its ZeRO checkpoints to the universal format; pristine loads them, and its own.
-    for config in UNIVERSAL:
+    for config in (config for config in UNIVERSAL if config in configs):
         convert = subprocess.run([
             sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder",
             str(written["fork"] / config / TAG), "--output_folder",
@@ -119,14 +137,14 @@ def check_continuation(runs, writer, loader, config):
                                 f"{error:.3g} (relative) from the {writer}'s own continuation (tolerance {tolerance})")
 
 
-@pytest.mark.parametrize("config", CONFIGS)
+@pytest.mark.parametrize("config", [config_param(config) for config in CONFIGS])
 @pytest.mark.parametrize("writer, loader", [("pristine", "fork"), ("fork", "pristine"), ("pristine", "pristine"),
                                             ("fork", "fork")])
 def test_checkpoint_crosses_the_swap(swapped, writer, loader, config):
     check_continuation(swapped, writer, loader, config)
 
 
-@pytest.mark.parametrize("config", UNIVERSAL)
+@pytest.mark.parametrize("config", [config_param(config) for config in UNIVERSAL])
 def test_fork_universal_checkpoint_loads_into_pristine(swapped, config):
     own = swapped[("fork", "fork-own")][config]
     loaded = swapped[("fork-universal", "pristine")][config]

@@ -30,13 +30,24 @@ MUST_PASS = [
     "zero2_bf16_allreduce_sum_clip", "zero0_fp32_unmanaged", "zero2_fp32_unmanaged", "pipe2_fp32_clip"
 ]
 
+# Left out of CI's launch (CI's 30 minutes), each beside a case that takes the same engine path: zero3_fp32
+# (zero3_offload_fp32), zero1_offload_fp32 (its _clip), zero1_bf16 (zero2_bf16_clip, zero1_bf16_fp32_accum),
+# zero1_fp32_allreduce_sum (zero2_bf16_allreduce_sum_clip), zero2_fp32_unmanaged (zero0_fp32_unmanaged).
+SLOW_CASES = ["zero3_fp32", "zero1_offload_fp32", "zero1_bf16", "zero1_fp32_allreduce_sum", "zero2_fp32_unmanaged"]
+
 
 @pytest.fixture(scope="module")
-def launched(extensions_dir):
-    return launch_cases(WORKER, nprocs=2, extensions_dir=extensions_dir, timeout=1200)
+def launched(extensions_dir, request):
+    slow = request.config.getoption("--run-slow")
+    return launch_cases(WORKER,
+                        nprocs=2,
+                        extensions_dir=extensions_dir,
+                        timeout=1200,
+                        extra_args=[] if slow else ["--exclude", ",".join(SLOW_CASES)])
 
 
-@pytest.mark.parametrize("case", MUST_PASS)
+@pytest.mark.parametrize(
+    "case", [pytest.param(case, marks=[pytest.mark.slow] if case in SLOW_CASES else []) for case in MUST_PASS])
 def test_gas_invariant(launched, case):
     assert [r["name"] for r in launched.case(case)[0]] == ["16 x 1 x 2", "8 x 2 x 2", "4 x 4 x 2", "2 x 8 x 2"]
     assert_gas_invariant(launched, case)

@@ -7,7 +7,8 @@ Both JIT-build an op named ``deepspeed_shm_comm`` from different sources (patch 
 ``release_shm_names``). Sharing one cache directory, each switch rebuilt the op and a fork process
 could load the pristine binary. Here both installs load the op with default settings (no
 TORCH_EXTENSIONS_DIR; HOME is a scratch directory, so the default cache is empty at first),
-alternating and then at the same time: each builds once, never rebuilds, and loads its own binary.
+building at the same time, then alternating, then loading at the same time: each builds once, never
+rebuilds, and loads its own binary.
 """
 
 import json
@@ -63,7 +64,9 @@ def test_fork_and_pristine_share_the_default_cache(tmp_path):
     home = tmp_path / "home"
     home.mkdir()
 
-    first = {who: finish_load(start_load(python, home), who) for who, python in installs.items()}
+    # The first builds run at the same time (2 cores: half the wait), each into its own directory.
+    building = {who: start_load(python, home) for who, python in installs.items()}
+    first = {who: finish_load(proc, who) for who, proc in building.items()}
     assert first["fork"]["release_shm_names"] and not first["pristine"]["release_shm_names"]
     assert Path(first["fork"]["file"]).parent != Path(first["pristine"]["file"]).parent, \
         "the fork and pristine built the op into the same cache directory"

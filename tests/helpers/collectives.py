@@ -9,13 +9,13 @@ import torch
 import deepspeed.comm as dist
 
 REDUCING = ("all_reduce", "all_reduce_coalesced", "inference_all_reduce", "reduce")
-HOST_READS = ("item", "__bool__", "__float__")
+HOST_READS = ("item", "__bool__", "__float__", "tolist")
 
 
 class CollectiveCounter:
     """Counts the reducing collectives of deepspeed.comm while active (the module functions are
     wrapped; every DeepSpeed component calls them through the module), and the host reads of
-    tensor values (``item()``, ``bool()``, ``float()``: each a device sync on an accelerator)."""
+    tensor values (``item()``, ``bool()``, ``float()``, ``tolist()``: each a device sync on an accelerator)."""
 
     def __init__(self):
         self.calls = []

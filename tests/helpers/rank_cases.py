@@ -19,9 +19,11 @@ def run_cases(cases, argv=None):
     parser = argparse.ArgumentParser()
     parser.add_argument("--results-dir", required=True)
     parser.add_argument("--cases", default="", help="comma-separated subset of case names (default: all)")
+    parser.add_argument("--exclude", default="", help="comma-separated case names to leave out")
     args, _ = parser.parse_known_args(argv)
-    selected = [c for c in args.cases.split(",") if c] or list(cases)
-    unknown = [c for c in selected if c not in cases]
+    excluded = [c for c in args.exclude.split(",") if c]
+    selected = [c for c in ([c for c in args.cases.split(",") if c] or list(cases)) if c not in excluded]
+    unknown = [c for c in selected + excluded if c not in cases]
     if unknown:
         raise SystemExit(f"unknown case(s) {unknown}; known: {sorted(cases)}")
 

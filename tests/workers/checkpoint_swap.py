@@ -235,8 +235,12 @@ def labelled(pairs):
 def cases(args):
     """Non-pipeline configurations first, the pipeline last: its grid stays in deepspeed.utils.groups."""
     chosen = {}
+    wanted = [name for name in args.configs.split(",") if name]
+    unknown = sorted(set(wanted) - set(CONFIGS) - {PIPELINE})
+    if unknown:
+        raise SystemExit(f"--configs: unknown configuration(s) {unknown}")
     for group in (list(CONFIGS), [PIPELINE]):
-        for name in group:
+        for name in (name for name in group if not wanted or name in wanted):
             if args.save:
                 chosen[f"save/{name}"] = save_then_continue(name, args.save)
             for label, path in labelled(args.resume):
@@ -252,6 +256,7 @@ if __name__ == "__main__":
     parser.add_argument("--save", help="write the checkpoints under this directory")
     parser.add_argument("--resume", action="append", default=[], help="LABEL=DIR: load the checkpoints there")
     parser.add_argument("--universal", action="append", default=[], help="LABEL=DIR: load their universal form")
+    parser.add_argument("--configs", default="", help="comma-separated configurations (default: all)")
     args, _ = parser.parse_known_args()
     from deepspeed.accelerator import get_accelerator
     get_accelerator().is_fp16_supported = lambda: True  # the engine's fp16 paths are device-independent

@@ -1,0 +1,108 @@
+# SPDX-License-Identifier: Apache-2.0
+
+# DeepSpeed Team
+"""``"loss_normalization": "per_item"``: the update of the mean over every item of the global batch,
+whatever the micro-batch x GAS x ranks split (tests/workers/per_item_loss.py; docs/per_item_loss.md).
+
+Samples hold 0-12 labelled positions of 12, so per-micro-batch means (mean mode) and the global item
+mean differ by O(1): the guard cases assert that gap, so a per_item path that fell back to means fails.
+CI runs 2 ranks; 1 and 4 ranks are --run-slow.
+"""
+
+import pytest
+
+from helpers.launch import LaunchesByRanks
+from helpers.repo import REPO
+
+pytestmark = pytest.mark.fork_only  # pristine DeepSpeed has no loss_normalization (it refuses num_items)
+
+WORKER = REPO / "tests" / "workers" / "per_item_loss.py"
+# Relative tolerances against fp64, by what the engine computes in (norm; update after steps 1 and 3).
+NORM_TOLERANCE = {"fp32": 1e-6, "bf16": 5e-3, "fp16": 1e-3}
+UPDATE_TOLERANCE = {"fp32": 1e-4, "bf16": 3e-2, "fp16": 3e-3}
+PATHS = [
+    "zero1_fp32", "zero2_fp32_clip", "zero1_fp32_allreduce_sum", "zero2_bf16_clip", "zero1_fp16_dynamic",
+    "zero2_offload_fp32_clip"
+]
+MEAN_MODE = ["zero1_fp32_mean_mode", "zero2_bf16_clip_mean_mode"]
+AT_EVERY_RANK_COUNT = ["zero1_fp32", "zero2_fp32_clip", "zero2_bf16_clip"]
+REFUSALS = {
+    "refuses_bad_value": ("DeepSpeedConfigError", "Invalid loss_normalization: 'token'. Supported values: ['mean', "
+                          "'per_item']"),
+    "refuses_zero0": ("DeepSpeedConfigError", "ZeRO stage 1 or 2 is needed"),
+    "refuses_zero3": ("DeepSpeedConfigError", "ZeRO stage 1 or 2 is needed"),
+    "refuses_backward_without_num_items": ("ValueError", "call backward(loss, num_items=n)"),
+    "refuses_num_items_in_mean_mode": ("ValueError", "needs \"loss_normalization\": \"per_item\""),
+    # Last: a pipeline's grid stays in deepspeed.utils.groups for the process's lifetime.
+    "refuses_pipeline": ("DeepSpeedConfigError", "not supported with the pipeline engine"),
+}
+
+
+def dtype_of(path):
+    return next((name for name in ("bf16", "fp16") if name in path), "fp32")
+
+
+def cases_for(ranks, slow):
+    if ranks == 2:
+        return PATHS + MEAN_MODE + ["no_items_anywhere", *REFUSALS]
+    return AT_EVERY_RANK_COUNT + ["zero1_fp32_mean_mode"] if slow else []
+
+
+@pytest.fixture(scope="module")
+def launched(extensions_dir, request):
+    slow = request.config.getoption("--run-slow")
+    return LaunchesByRanks(WORKER, lambda ranks: cases_for(ranks, slow), extensions_dir)
+
+
+def rank_params(paths):
+    return [
+        pytest.param(ranks, path, marks=[] if ranks == 2 else [pytest.mark.slow], id=f"{ranks}ranks-{path}")
+        for ranks in (1, 2, 4) for path in paths if path in cases_for(ranks, True)
+    ]
+
+
+def splits_of(launched, ranks, path):
+    reports = launched[ranks].case(path)
+    for rank, report in enumerate(reports[1:], 1):
+        assert report == reports[0], f"{path}: rank {rank} reports other numbers than rank 0"
+    return reports[0]
+
+
+@pytest.mark.parametrize("ranks, path", rank_params(PATHS))
+def test_per_item_equals_the_global_item_mean(launched, ranks, path):
+    norm_tolerance, update_tolerance = NORM_TOLERANCE[dtype_of(path)], UPDATE_TOLERANCE[dtype_of(path)]
+    for split, row in splits_of(launched, ranks, path).items():
+        print(f"{path} {ranks} ranks {split}: norm errors {row['norm_errors']}, update errors {row['update_errors']}")
+        assert row["skipped_steps"] == 0, f"{split}: a step was skipped"
+        assert all(error is not None and error <= norm_tolerance for error in row["norm_errors"]), (split, row)
+        assert all(error <= update_tolerance for error in row["update_errors"]), (split, row)
+
+
+@pytest.mark.parametrize("ranks, path", rank_params(MEAN_MODE))
+def test_mean_mode_on_the_same_data_is_not_the_item_mean(launched, ranks, path):
+    """Guard: on this data the per-micro-batch means miss the global item mean by far more than any
+    tolerance, at every split (so a per_item path that averaged means could not pass)."""
+    for split, row in splits_of(launched, ranks, path).items():
+        assert min(row["update_errors"]) > 100 * UPDATE_TOLERANCE["fp32"], (split, row)
+
+
+@pytest.mark.parametrize("path", ["zero1_fp32", "zero2_bf16_clip"])
+def test_per_item_takes_no_extra_collective_or_host_read(launched, path):
+    """N travels in the norm's collective: per_item costs the collectives and host reads of mean mode."""
+    per_item, mean = splits_of(launched, 2, path), splits_of(launched, 2, f"{path}_mean_mode")
+    for split in per_item:
+        assert per_item[split]["collectives"] == mean[split]["collectives"], split
+        assert per_item[split]["host_reads"] == mean[split]["host_reads"] == [1] * 3, split
+
+
+def test_a_step_without_items_is_skipped(launched):
+    for rank, result in enumerate(launched[2].case("no_items_anywhere")):
+        assert result == {"unchanged": True, "skipped_steps": 1, "norm": 0.0}, f"rank {rank}: {result}"
+
+
+@pytest.mark.parametrize("case", REFUSALS)
+def test_bad_input_gets_a_clear_error(launched, case):
+    kind, message = REFUSALS[case]
+    for rank, error in enumerate(launched[2].case(case)):
+        assert error is not None, f"rank {rank}: {case} was accepted"
+        assert error["type"] == kind and message in error["message"], f"rank {rank}: {error}"
