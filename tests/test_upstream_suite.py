@@ -239,6 +239,9 @@ def test_tree_hash_follows_content(tmp_path):
     before = baseline.tree_sha256(tests)
     (tests / "unit" / "__pycache__").mkdir()
     (tests / "unit" / "__pycache__" / "x.pyc").write_bytes(b"cache")
+    # A pytest run inside the tree leaves .pytest_cache (it once made CI's baseline look stale).
+    (tests / ".pytest_cache" / "v" / "cache").mkdir(parents=True)
+    (tests / ".pytest_cache" / "v" / "cache" / "nodeids").write_text("[]")
     assert baseline.tree_sha256(tests) == before
     (tests / "unit" / "test_synthetic.py").write_text(SYNTHETIC_TESTS + "\n")
     assert baseline.tree_sha256(tests) != before

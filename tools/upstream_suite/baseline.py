@@ -22,12 +22,17 @@ class BaselineError(Exception):
     """The baseline is missing, stale, or does not cover the tier."""
 
 
+CACHE_DIRS = {"__pycache__", ".pytest_cache"}
+
+
 def tree_sha256(tests_dir):
-    """One hash of every file under the tests tree (relative path and content), caches excluded."""
+    """One hash of every file under the tests tree (relative path and content), caches excluded: a
+    pytest run inside the tree (its .pytest_cache) must not make a recorded baseline look stale."""
     root = Path(tests_dir)
     digest = hashlib.sha256()
     for path in sorted(root.rglob("*")):
-        if not path.is_file() or "__pycache__" in path.parts or path.suffix == ".pyc":
+        parts = path.relative_to(root).parts
+        if not path.is_file() or CACHE_DIRS.intersection(parts) or path.suffix == ".pyc":
             continue
         digest.update(str(path.relative_to(root)).encode() + b"\0")
         digest.update(hashlib.sha256(path.read_bytes()).digest())
