@@ -39,3 +39,20 @@ def micro_batches(inputs, targets, micro, count, dtype=None):
     """``count`` consecutive (inputs, targets) micro-batches of ``micro`` samples, cast to ``dtype``."""
     batches = [(inputs[i * micro:(i + 1) * micro], targets[i * micro:(i + 1) * micro]) for i in range(count)]
     return batches if dtype is None else [(x.to(dtype), y.to(dtype)) for x, y in batches]
+
+
+def sgd_config(micro, gas, clip, lr):
+    """The engine config the workers train the small model with: plain SGD (ZeRO allows it untested),
+    ``micro`` x ``gas`` per rank, ``gradient_clipping`` ``clip`` (0.0: off, not the 1.0 default)."""
+    return {
+        "train_micro_batch_size_per_gpu": micro,
+        "gradient_accumulation_steps": gas,
+        "optimizer": {
+            "type": "SGD",
+            "params": {
+                "lr": lr
+            }
+        },
+        "zero_allow_untested_optimizer": True,
+        "gradient_clipping": clip,
+    }

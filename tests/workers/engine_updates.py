@@ -19,7 +19,7 @@ import torch  # noqa: E402
 import deepspeed  # noqa: E402
 import deepspeed.comm as dist  # noqa: E402
 from helpers.rank_cases import run_cases  # noqa: E402
-from helpers.small_model import global_batch, make_layers, micro_batches, mse, rank_share  # noqa: E402
+from helpers.small_model import global_batch, make_layers, micro_batches, mse, rank_share, sgd_config  # noqa: E402
 
 LR = 0.1
 
@@ -50,18 +50,7 @@ def snapshot(module):
 
 
 def base_config(micro, gas, clip):
-    return {
-        "train_micro_batch_size_per_gpu": micro,
-        "gradient_accumulation_steps": gas,
-        "optimizer": {
-            "type": "SGD",
-            "params": {
-                "lr": LR
-            }
-        },
-        "zero_allow_untested_optimizer": True,
-        "gradient_clipping": clip,
-    }
+    return sgd_config(micro, gas, clip, LR)
 
 
 def pipeline_step(micro, gas, clip):

@@ -24,7 +24,7 @@ import deepspeed.comm as dist  # noqa: E402
 from deepspeed.utils import safe_get_full_fp32_param  # noqa: E402
 from helpers.collectives import CollectiveCounter  # noqa: E402
 from helpers.rank_cases import run_cases  # noqa: E402
-from helpers.small_model import IN, OUT, make_layers  # noqa: E402
+from helpers.small_model import IN, OUT, make_layers, sgd_config  # noqa: E402
 
 LR = 0.1
 POSITIONS = 12
@@ -81,20 +81,7 @@ def reference(layers, clip):
 
 
 def config_of(micro, gas, extra):
-    config = {
-        "train_micro_batch_size_per_gpu": micro,
-        "gradient_accumulation_steps": gas,
-        "optimizer": {
-            "type": "SGD",
-            "params": {
-                "lr": LR
-            }
-        },
-        "zero_allow_untested_optimizer": True,
-        "gradient_clipping": 0.0,
-    }
-    config.update(copy.deepcopy(extra))
-    return config
+    return dict(sgd_config(micro, gas, 0.0, LR), **copy.deepcopy(extra))
 
 
 def update_error(got, want, start):
