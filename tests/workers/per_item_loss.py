@@ -62,13 +62,15 @@ def item_loss_sum(output, target, mask):
 
 
 def reference(layers, clip):
-    """fp64 SGD on the global item mean: the norm before clipping and the weights after every step."""
+    """fp64 SGD on the global item mean: the norm before clipping and the weights after every step (and
+    the losses before each)."""
     model = torch.nn.Sequential(*copy.deepcopy(layers)).double()
-    norms, weights = [], []
+    norms, weights, losses = [], [], []
     for step in range(STEPS):
         inputs, targets, mask = item_batch(step)
         model.zero_grad()
         total, count = item_loss_sum(model(inputs.double()), targets.double(), mask)
+        losses.append((total / count).item())
         (total / count).backward()
         norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in model.parameters()])).item()
         coef = min(1.0, clip / (norm + 1e-6)) if clip > 0 else 1.0
@@ -77,7 +79,7 @@ def reference(layers, clip):
                 p -= LR * coef * p.grad
         norms.append(norm)
         weights.append({name: p.detach().clone() for name, p in model.named_parameters()})
-    return norms, weights
+    return norms, weights, losses
 
 
 def config_of(micro, gas, extra):
@@ -123,18 +125,24 @@ def train(micro, gas, extra, mode, count=False):
     return norms, weights, (counters if count else None), skipped
 
 
+def start_layers(extra):
+    """The layers, rounded to the engine's dtype: its master weights start from the module's weights in
+    that dtype, and so does the reference."""
+    dtype = torch.bfloat16 if "bf16" in extra else torch.float16 if "fp16" in extra else torch.float32
+    layers = make_layers()
+    with torch.no_grad():
+        for p in torch.nn.Sequential(*layers).parameters():
+            p.copy_(p.to(dtype).float())
+    return layers
+
+
 def splits_case(extra, clip=0.0, mode="per_item"):
     """Per split: the norm error at every step and the update error after steps 1 and 3."""
 
     def run():
         extra_config = dict(extra, gradient_clipping=clip)
-        # The engine's master weights start from the module's weights in its dtype: so does the reference.
-        dtype = torch.bfloat16 if "bf16" in extra else torch.float16 if "fp16" in extra else torch.float32
-        layers = make_layers()
-        with torch.no_grad():
-            for p in torch.nn.Sequential(*layers).parameters():
-                p.copy_(p.to(dtype).float())
-        want_norms, want_weights = reference(layers, clip)
+        layers = start_layers(extra)
+        want_norms, want_weights, _ = reference(layers, clip)
         start = {name: p.detach().double() for name, p in torch.nn.Sequential(*layers).named_parameters()}
         rows = {}
         for micro, gas in SPLITS[dist.get_world_size()]:
@@ -150,6 +158,83 @@ def splits_case(extra, clip=0.0, mode="per_item"):
                 "host_reads": [c["host_reads"] for c in counters],
                 "skipped_steps":
                 skipped,
+            }
+        return rows
+
+    return run
+
+
+def pipeline_train(micro, gas, extra, mode, layers):
+    """2 stages (x the remaining ranks as DP), three train_batch() steps: per step the reported norm and
+    loss, and this rank's stage weights."""
+    from deepspeed.pipe import PipelineModule
+
+    def loss_fn(output, labels):
+        total, n = item_loss_sum(output, *labels)
+        return (total, n) if mode == "per_item" else total / max(n, 1)
+
+    module = PipelineModule(layers=copy.deepcopy(layers), num_stages=2, loss_fn=loss_fn, partition_method="uniform")
+    engine, *_ = deepspeed.initialize(model=module,
+                                      model_parameters=[p for p in module.parameters() if p.requires_grad],
+                                      config=config_of(micro, gas, extra))
+    dp_rank = engine.grid.get_data_parallel_id()
+    dtype = next(engine.module.parameters()).dtype
+
+    def batches_of(step):
+        inputs, targets, mask = item_batch(step)
+        share = slice(dp_rank * micro * gas, (dp_rank + 1) * micro * gas)
+        inputs, targets, mask = inputs[share].to(dtype), targets[share], mask[share]
+        return [(inputs[i * micro:(i + 1) * micro], (targets[i * micro:(i + 1) * micro],
+                                                     mask[i * micro:(i + 1) * micro])) for i in range(gas)]
+
+    # eval_batch() reports the same global item mean as the first train_batch() (same weights and data).
+    eval_loss = float(engine.eval_batch(data_iter=iter(batches_of(0))))
+    norms, losses, weights, counters = [], [], [], []
+    for step in range(STEPS):
+        with CollectiveCounter() as counter:
+            loss = engine.train_batch(data_iter=iter(batches_of(step)))
+        counters.append({"collectives": len(counter.calls), "host_reads": counter.host_reads})
+        losses.append(float(loss))
+        norm = engine.get_global_grad_norm()
+        norms.append(None if norm is None else float(norm))
+        weights.append({name: safe_get_full_fp32_param(p).double() for name, p in engine.module.named_parameters()})
+    skipped = engine.skipped_steps
+    engine.destroy()
+    return norms, [eval_loss] + losses, weights, counters, skipped
+
+
+def pipeline_case(extra, clip=0.0, mode="per_item"):
+    """Per split of the DP ranks' share: norm and reported loss errors at every step, update errors after
+    steps 1 and 3 (worst over both stages' tensors)."""
+
+    def run():
+        layers = start_layers(extra)
+        want_norms, want_weights, want_losses = reference(layers, clip)
+        start = {name: p.detach().double() for name, p in torch.nn.Sequential(*layers).named_parameters()}
+        rows = {}
+        for micro, gas in SPLITS[dist.get_world_size() // 2]:
+            norms, losses, weights, counters, skipped = pipeline_train(micro, gas, dict(extra, gradient_clipping=clip), mode,
+                                                             layers)
+            # A stage holds its layers under their indices in the whole model, as the reference names them.
+            errors = torch.tensor([
+                update_error(weights[0], {name: want_weights[0][name]
+                                          for name in weights[0]}, start),
+                update_error(weights[2], {name: want_weights[2][name]
+                                          for name in weights[2]}, want_weights[1])
+            ])
+            dist.all_reduce(errors, op=dist.ReduceOp.MAX)
+            # Stages differ in what they read back (the last computes the loss): the most of any rank.
+            counts = torch.tensor([[c["collectives"], c["host_reads"]] for c in counters])
+            dist.all_reduce(counts, op=dist.ReduceOp.MAX)
+            rows[f"{micro}x{gas}"] = {
+                "norm_errors":
+                [None if got is None else abs(got - want) / want for got, want in zip(norms, want_norms)],
+                # eval_batch() before the first step, then train_batch() at each step
+                "loss_errors": [abs(got - want) / want for got, want in zip(losses, want_losses[:1] + want_losses)],
+                "update_errors": errors.tolist(),
+                "collectives": counts[:, 0].tolist(),
+                "host_reads": counts[:, 1].tolist(),
+                "skipped_steps": skipped,
             }
         return rows
 
@@ -175,11 +260,33 @@ def refused_config(extra):
     return run
 
 
-def refused_pipeline():
+def refused_pipeline(extra):
+
+    def run():
+        from deepspeed.pipe import PipelineModule
+        module = PipelineModule(layers=make_layers(),
+                                num_stages=2,
+                                loss_fn=torch.nn.MSELoss(),
+                                partition_method="uniform")
+        return error_of(lambda: deepspeed.initialize(
+            model=module, model_parameters=module.parameters(), config=config_of(4, 1, extra)))
+
+    return run
+
+
+def refused_pipeline_loss_fn():
+    """A per_item pipeline whose loss_fn returns a mean (no count): train_batch() names the contract. One
+    stage, so every rank computes the loss (with two, the first would wait for the failed last)."""
     from deepspeed.pipe import PipelineModule
-    module = PipelineModule(layers=make_layers(), num_stages=2, loss_fn=torch.nn.MSELoss(), partition_method="uniform")
-    return error_of(lambda: deepspeed.initialize(
-        model=module, model_parameters=module.parameters(), config=config_of(4, 1, PER_ITEM_ZERO1)))
+    module = PipelineModule(layers=make_layers(), num_stages=1, loss_fn=torch.nn.MSELoss(), partition_method="uniform")
+    engine, *_ = deepspeed.initialize(model=module,
+                                      model_parameters=module.parameters(),
+                                      config=config_of(4, 1, PER_ITEM_ZERO1))
+    inputs, targets, _ = item_batch(0)
+    try:
+        return error_of(lambda: engine.train_batch(data_iter=iter([(inputs[:4], targets[:4])])))
+    finally:
+        engine.destroy()
 
 
 def refused_backward(extra, **backward_kwargs):
@@ -200,29 +307,42 @@ def refused_backward(extra, **backward_kwargs):
     return run
 
 
-def no_items_anywhere():
+def no_items_anywhere(extra):
     """Every micro-batch of every rank empty: the step is skipped (weights unchanged, no nan)."""
-    model = torch.nn.Sequential(*make_layers())
-    engine, *_ = deepspeed.initialize(model=model,
-                                      model_parameters=model.parameters(),
-                                      config=config_of(2, 2, PER_ITEM_ZERO1))
-    before = {name: p.detach().clone() for name, p in engine.module.named_parameters()}
-    inputs, targets, mask = item_batch(0)
-    for i in range(2):
-        total, n = item_loss_sum(engine(inputs[2 * i:2 * i + 2]), targets[2 * i:2 * i + 2],
-                                 mask[2 * i:2 * i + 2] & False)
-        engine.backward(total, num_items=n)
-        engine.step()
-    unchanged = all(torch.equal(before[name], p.detach()) for name, p in engine.module.named_parameters())
-    result = {"unchanged": unchanged, "skipped_steps": engine.skipped_steps, "norm": engine.get_global_grad_norm()}
-    engine.destroy()
-    return result
+
+    def run():
+        model = torch.nn.Sequential(*make_layers())
+        engine, *_ = deepspeed.initialize(model=model,
+                                          model_parameters=model.parameters(),
+                                          config=config_of(2, 2, extra))
+
+        def weights():
+            return {name: safe_get_full_fp32_param(p).clone() for name, p in engine.module.named_parameters()}
+
+        before = weights()
+        inputs, targets, mask = item_batch(0)
+        for i in range(2):
+            total, n = item_loss_sum(engine(inputs[2 * i:2 * i + 2]), targets[2 * i:2 * i + 2],
+                                     mask[2 * i:2 * i + 2] & False)
+            engine.backward(total, num_items=n)
+            engine.step()
+        after = weights()
+        unchanged = all(torch.equal(before[name], after[name]) for name in before)
+        result = {"unchanged": unchanged, "skipped_steps": engine.skipped_steps, "norm": engine.get_global_grad_norm()}
+        engine.destroy()
+        return result
+
+    return run
 
 
 PER_ITEM = {"loss_normalization": "per_item"}
 PER_ITEM_ZERO1 = dict(PER_ITEM, zero_optimization={"stage": 1})
 BF16 = {"bf16": {"enabled": True}}
 FP16_DYNAMIC = {"fp16": {"enabled": True, "loss_scale": 0, "initial_scale_power": 8}}
+# The gradients of a loss sum are as many times larger as the items it sums: with every item of a step on
+# one rank (a pipeline without DP) a loss scale of 2**8 overflows fp16, and dynamic scaling settles
+# lower after skipped steps. Starting lower skips none (docs/per_item_loss.md).
+FP16_DYNAMIC_SUMS = {"fp16": {"enabled": True, "loss_scale": 0, "initial_scale_power": 2}}
 OFFLOAD = {"offload_optimizer": {"device": "cpu"}}
 
 CASES = {
@@ -232,20 +352,34 @@ CASES = {
     "zero2_bf16_clip": splits_case(dict(PER_ITEM, zero_optimization={"stage": 2}, **BF16), clip=0.5),
     "zero1_fp16_dynamic": splits_case(dict(PER_ITEM_ZERO1, **FP16_DYNAMIC)),
     "zero2_offload_fp32_clip": splits_case(dict(PER_ITEM, zero_optimization=dict(stage=2, **OFFLOAD)), clip=0.5),
+    "zero3_fp32_clip": splits_case(dict(PER_ITEM, zero_optimization={"stage": 3}), clip=0.5),
+    "zero3_bf16_clip": splits_case(dict(PER_ITEM, zero_optimization={"stage": 3}, **BF16), clip=0.5),
+    "zero3_fp16_dynamic": splits_case(dict(PER_ITEM, zero_optimization={"stage": 3}, **FP16_DYNAMIC)),
+    "zero3_offload_fp32_clip": splits_case(dict(PER_ITEM, zero_optimization=dict(stage=3, **OFFLOAD)), clip=0.5),
     "zero1_fp32_mean_mode": splits_case({"zero_optimization": {
         "stage": 1
     }}, mode="mean"),
     "zero2_bf16_clip_mean_mode": splits_case(dict(zero_optimization={"stage": 2}, **BF16), clip=0.5, mode="mean"),
-    "no_items_anywhere": no_items_anywhere,
+    "zero3_fp32_clip_mean_mode": splits_case({"zero_optimization": {
+        "stage": 3
+    }}, clip=0.5, mode="mean"),
+    "no_items_anywhere": no_items_anywhere(PER_ITEM_ZERO1),
+    "no_items_anywhere_zero3": no_items_anywhere(dict(PER_ITEM, zero_optimization={"stage": 3})),
     "refuses_bad_value": refused_config({"loss_normalization": "token"}),
     "refuses_zero0": refused_config(PER_ITEM),
-    "refuses_zero3": refused_config(dict(PER_ITEM, zero_optimization={"stage": 3})),
     "refuses_backward_without_num_items": refused_backward(PER_ITEM_ZERO1),
     "refuses_num_items_in_mean_mode": refused_backward({"zero_optimization": {
         "stage": 1
     }}, num_items=3),
-    # Last: the pipeline grid stays in deepspeed.utils.groups for the process's lifetime.
-    "refuses_pipeline": refused_pipeline,
+    # Last: a pipeline's grid stays in deepspeed.utils.groups for the process's lifetime.
+    "pipe2_zero1_fp32": pipeline_case(PER_ITEM_ZERO1),
+    "pipe2_zero1_fp32_clip": pipeline_case(PER_ITEM_ZERO1, clip=0.5),
+    "pipe2_zero1_fp16_dynamic": pipeline_case(dict(PER_ITEM_ZERO1, **FP16_DYNAMIC_SUMS)),
+    "pipe2_zero1_fp32_mean_mode": pipeline_case({"zero_optimization": {
+        "stage": 1
+    }}, mode="mean"),
+    "refuses_pipeline_without_zero": refused_pipeline(PER_ITEM),
+    "refuses_pipeline_loss_fn_without_count": refused_pipeline_loss_fn,
 }
 
 if __name__ == "__main__":
