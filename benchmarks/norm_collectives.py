@@ -7,7 +7,9 @@
 Runs tests/workers/global_grad_norm.py (2 CPU ranks, a 6-parameter model in 2 optimizer groups,
 GAS 2) with the installed deepspeed and, with ``--upstream-python``, with pristine upstream in the
 same run; prints both side by side. Counts are of the boundary ``engine.step()``: gradient
-reduction happens in backward, so these are the norm and the inf/nan check.
+reduction happens in backward, so these are the norm and the inf/nan check. On the paths that take
+``"loss_normalization": "per_item"`` (the fork only) the same step in that mode, whose item count
+rides in the norm's collective: its counts must equal mean mode's.
 
     python benchmarks/norm_collectives.py --upstream-python build/upstream-venv-0.19.8/bin/python
 """
@@ -27,18 +29,24 @@ CASES = [
     "zero2_offload_fp32", "zero2_fp16", "zero1_bf16_fp32_accumulation", "zero2_bf16", "zero3_fp32",
     "zero3_offload_fp32"
 ]
+PER_ITEM = [
+    "zero1_fp32", "zero2_fp32", "zero1_offload_fp32", "zero2_offload_fp32", "zero2_fp16", "zero2_bf16", "zero3_fp32",
+    "zero3_offload_fp32"
+]
 
 
 def measure(extensions_dir):
     import deepspeed
     from helpers.launch import launch_cases
+    # Pristine DeepSpeed has no per_item mode.
+    cases = CASES + ([f"{case}_per_item" for case in PER_ITEM] if "gafix" in deepspeed.__version__ else [])
     result = launch_cases(REPO / "tests" / "workers" / "global_grad_norm.py",
                           nprocs=2,
-                          cases=CASES,
+                          cases=cases,
                           extensions_dir=extensions_dir,
                           timeout=900)
     rows = {}
-    for case in CASES:
+    for case in cases:
         value = result.ranks[0][case]
         rows[case] = value["value"] if value["ok"] else {"error": value["error"].strip().splitlines()[-1]}
     return {"deepspeed": deepspeed.__version__, "rows": rows}
@@ -69,13 +77,16 @@ def main():
     header = f"fork: deepspeed {fork['deepspeed']}" + (f"; upstream: deepspeed {upstream['deepspeed']}"
                                                        if upstream else "")
     print(header + "\n")
-    print("| path | collectives (fork) | host reads (fork) |" +
+    print("| path | collectives (fork) | host reads (fork) | per_item: collectives / host reads (fork) |" +
           (" collectives (upstream) | host reads (upstream) |" if upstream else ""))
-    print("|---|---|---|" + ("---|---|" if upstream else ""))
+    print("|---|---|---|---|" + ("---|---|" if upstream else ""))
     for case in CASES:
         row = fork["rows"][case]
+        per_item = fork["rows"].get(f"{case}_per_item")
         line = (f"| {case} | {cell(row, 'collectives_in_boundary_step')} | "
-                f"{cell(row, 'host_reads_in_boundary_step')} |")
+                f"{cell(row, 'host_reads_in_boundary_step')} | " +
+                (f"{cell(per_item, 'collectives_in_boundary_step')} / {cell(per_item, 'host_reads_in_boundary_step')}"
+                 if per_item else "refused (docs/per_item_loss.md)") + " |")
         if upstream:
             up = upstream["rows"][case]
             line += f" {cell(up, 'collectives_in_boundary_step')} | {cell(up, 'host_reads_in_boundary_step')} |"

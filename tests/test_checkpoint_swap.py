@@ -32,12 +32,10 @@ CONFIGS = [
     "pipe2_zero1_fp32_clip"
 ]
 UNIVERSAL = ["zero1_fp32_clip", "zero2_fp32_clip"]
-# CI's configurations (CI's 30 minutes): ZeRO 1, 2 and 3, bf16, fp16 with its dynamic loss scaler, offload
-# and the pipeline; --run-slow adds the rest.
-CI_CONFIGS = [
-    "zero1_fp32_clip", "zero1_bf16_clip", "zero2_fp16_dynamic_scale_clip", "zero3_offload_fp32_clip",
-    "pipe2_zero1_fp32_clip"
-]
+# CI's configurations (CI's 30 minutes; each costs about 40 s there): ZeRO-1 with the universal
+# checkpoint, ZeRO-3 with fp16's dynamic loss scaler, and the pipeline; --run-slow adds the rest (ZeRO-2,
+# bf16, offload).
+CI_CONFIGS = ["zero1_fp32_clip", "zero3_fp16_dynamic_scale", "pipe2_zero1_fp32_clip"]
 
 
 def config_param(config):

@@ -9,6 +9,7 @@ compares the reported grad norm and the fp32 master-weight update with an fp64 P
 """
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -125,6 +126,31 @@ def test_user_pipeline_module_with_clipping(launched):
 
 
 @pytest.mark.fork_only
+@pytest.mark.fork_only  # pristine DeepSpeed has no loss_normalization
+@pytest.mark.parametrize("case", [
+    "zero2_bf16_clip_per_item_variable_items", "zero3_fp32_per_item_variable_items",
+    "pipe2_zero1_fp32_clip_per_item_variable_items"
+])
+def test_per_item_mode_against_the_global_item_mean(launched, case):
+    """--items variable with "loss_normalization": "per_item": every split equals the fp64 mean over
+    every item of the global batch (the reference of one micro-batch of the whole batch), no gap note."""
+    assert_gas_invariant(launched, case)
+    for row in launched.case(case)[0]:
+        assert row["compared_with"] == "fp64 reference"
+        assert math.isnan(row["loss_normalization_gap"]), row["name"]
+
+
+@pytest.mark.fork_only
+def test_mean_mode_reports_the_bias_of_micro_batch_means(launched):
+    """--items variable in mean mode: DeepSpeed's contract holds (each split matches the mean of its
+    micro-batch means), and the check reports how far that is from the global item mean: well above the
+    tolerance at every split on this data."""
+    case = "zero1_fp32_mean_variable_items"
+    assert_gas_invariant(launched, case)
+    for row in launched.case(case)[0]:
+        assert row["loss_normalization_gap"] > 100 * row["tolerance"], (row["name"], row["loss_normalization_gap"])
+
+
 def test_command_line_on_example_config(tmp_path, extensions_dir):
     """`ds_gas_check --ranks 2` launches itself, prints the table and exits 0 on a good config."""
     results = tmp_path / "results.json"

@@ -51,8 +51,8 @@ def dtype_of(path):
 
 def cases_for(ranks, slow):
     if ranks == 2:
-        return PATHS + MEAN_MODE + NO_ITEMS + list(REFUSALS) + PIPELINE_PATHS + [PIPELINE_MEAN_MODE
-                                                                               ] + list(PIPELINE_REFUSALS)
+        pipeline = PIPELINE_PATHS + [PIPELINE_MEAN_MODE] + list(PIPELINE_REFUSALS)
+        return PATHS + MEAN_MODE + NO_ITEMS + list(REFUSALS) + pipeline
     if not slow:
         return []
     wide = AT_EVERY_RANK_COUNT + ["zero1_fp32_mean_mode"]

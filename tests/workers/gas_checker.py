@@ -167,6 +167,14 @@ CASES["control_forgets_to_divide"] = lambda: with_backward(forgets_to_divide, CO
 CASES["control_multiplies_by_world"] = lambda: with_backward(multiplies_by_world, CONFIGS["zero1_fp32"])
 CASES["control_constant_factor"] = lambda: with_backward(scales_by_0_7349, CONFIGS["zero1_fp32"])
 CASES["zero1_fp32_no_reference"] = lambda: check(CONFIGS["zero1_fp32"], reference=False)
+# --items variable: samples of 0-12 labelled positions. per_item mode against the fp64 global item mean
+# (ZeRO-2 bf16 clipped: the one-collective norm, its count and the bf16 tolerance); mean mode passes
+# against its own contract and reports how far each split's micro-batch means are from the item mean.
+PER_ITEM = {"loss_normalization": "per_item"}
+CASES["zero2_bf16_clip_per_item_variable_items"] = lambda: check(
+    zero(2, gradient_clipping=0.5, **PER_ITEM, **SGD, **BF16), items="variable")
+CASES["zero3_fp32_per_item_variable_items"] = lambda: check(zero(3, **NO_CLIP, **PER_ITEM, **SGD), items="variable")
+CASES["zero1_fp32_mean_variable_items"] = lambda: check(zero(1, **NO_CLIP, **SGD), items="variable")
 
 
 def user_pipeline_transformer():
@@ -186,6 +194,8 @@ CASES["pipe2_fp32"] = lambda: check(dict(**NO_CLIP, **SGD), pipeline_stages=2)
 CASES["pipe2_fp32_clip"] = lambda: check(dict(gradient_clipping=0.5, **SGD), pipeline_stages=2)
 CASES["pipe2_bf16"] = lambda: check(dict(**NO_CLIP, **SGD, **BF16), pipeline_stages=2)
 CASES["pipe2_user_transformer_clip"] = user_pipeline_transformer
+CASES["pipe2_zero1_fp32_clip_per_item_variable_items"] = lambda: check(
+    zero(1, gradient_clipping=0.5, **PER_ITEM, **SGD), pipeline_stages=2, items="variable")
 
 if __name__ == "__main__":
     force_fp16_on_cpu()

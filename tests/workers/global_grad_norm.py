@@ -65,12 +65,21 @@ def norm_plan_builds(engine):
     return None if owner is None else owner._grad_norm_plans.counted.builds
 
 
-def data_parallel_case(extra):
+def data_parallel_case(extra, per_item=False):
+    """``per_item``: "loss_normalization": "per_item", each micro-batch's loss passed as a sum over its
+    samples with their count (the same norm and update: every sample is one item)."""
+
+    def backward(engine, loss, count):
+        if per_item:
+            engine.backward(loss * count, num_items=count)
+        else:
+            engine.backward(loss)
 
     def run():
         layers = make_layers()
         model = torch.nn.Sequential(*copy.deepcopy(layers))
-        engine, *_ = deepspeed.initialize(model=model, model_parameters=two_groups(model), config=base_config(extra))
+        config = dict(base_config(extra), **({"loss_normalization": "per_item"} if per_item else {}))
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=two_groups(model), config=config)
         inputs, targets = global_batch(MICRO * GAS * dist.get_world_size())
         x, y = rank_share(inputs, targets, dist.get_rank(), MICRO * GAS)
         dtype = next(engine.module.parameters()).dtype
@@ -78,7 +87,7 @@ def data_parallel_case(extra):
         for batch, target in micro_batches(x, y, MICRO, GAS):
             loss = mse(engine(batch.to(dtype)), target)
             with CollectiveCounter() as backward_counter:
-                engine.backward(loss)
+                backward(engine, loss, len(batch))
             with CollectiveCounter() as counter:
                 engine.step()
             counts.append(len(counter.calls))
@@ -86,7 +95,7 @@ def data_parallel_case(extra):
         norm = engine.get_global_grad_norm()
         for _ in range(2):  # the same batch twice more: the norm's plan must outlive the step
             for batch, target in micro_batches(x, y, MICRO, GAS):
-                engine.backward(mse(engine(batch.to(dtype)), target))
+                backward(engine, mse(engine(batch.to(dtype)), target), len(batch))
                 engine.step()
         engine.destroy()
         return {
@@ -531,6 +540,66 @@ CASES = {
     pipeline_fp32_norm,
     "pipeline_uneven_groups":
     pipeline_uneven_groups,
+}
+
+# "loss_normalization": "per_item" on the paths that take it (benchmarks/norm_collectives.py sets them
+# beside mean mode: the same collectives and host reads). Before the pipeline cases, which stay last.
+PER_ITEM_PATHS = {
+    "zero1_fp32": {
+        "zero_optimization": {
+            "stage": 1
+        }
+    },
+    "zero2_fp32": {
+        "zero_optimization": {
+            "stage": 2
+        }
+    },
+    "zero1_offload_fp32": {
+        "zero_optimization": dict(stage=1, **OFFLOAD)
+    },
+    "zero2_offload_fp32": {
+        "zero_optimization": dict(stage=2, **OFFLOAD)
+    },
+    "zero2_fp16": {
+        "fp16": {
+            "enabled": True,
+            "initial_scale_power": 8
+        },
+        "zero_optimization": {
+            "stage": 2
+        }
+    },
+    "zero2_bf16": {
+        "bf16": {
+            "enabled": True
+        },
+        "zero_optimization": {
+            "stage": 2
+        }
+    },
+    "zero3_fp32": {
+        "zero_optimization": {
+            "stage": 3
+        }
+    },
+    "zero3_offload_fp32": {
+        "zero_optimization": dict(stage=3, **OFFLOAD)
+    },
+}
+CASES = {
+    **{
+        name: case
+        for name, case in CASES.items() if not name.startswith("pipeline")
+    },
+    **{
+        f"{name}_per_item": data_parallel_case(extra, per_item=True)
+        for name, extra in PER_ITEM_PATHS.items()
+    },
+    **{
+        name: case
+        for name, case in CASES.items() if name.startswith("pipeline")
+    },
 }
 
 if __name__ == "__main__":

@@ -213,8 +213,8 @@ def pipeline_case(extra, clip=0.0, mode="per_item"):
         start = {name: p.detach().double() for name, p in torch.nn.Sequential(*layers).named_parameters()}
         rows = {}
         for micro, gas in SPLITS[dist.get_world_size() // 2]:
-            norms, losses, weights, counters, skipped = pipeline_train(micro, gas, dict(extra, gradient_clipping=clip), mode,
-                                                             layers)
+            norms, losses, weights, counters, skipped = pipeline_train(micro, gas, dict(extra, gradient_clipping=clip),
+                                                                       mode, layers)
             # A stage holds its layers under their indices in the whole model, as the reference names them.
             errors = torch.tensor([
                 update_error(weights[0], {name: want_weights[0][name]

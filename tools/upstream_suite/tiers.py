@@ -37,12 +37,14 @@ PATCH_TIER = (
     _covered("unit/v1/half_precision/test_gradient_clipping_default.py", "0003 0008",
              "the default gradient clipping, end to end"),
     _covered("unit/runtime/pipe/test_pipe.py",
-             "0003 0008 0009",
-             "pipeline gradient accumulation scaling; dynamic shapes through the pipeline's buffers",
+             "0003 0008 0009 0018",
+             "pipeline gradient accumulation scaling; dynamic shapes through the pipeline's buffers (0018: the "
+             "loss aggregation of mean mode, unchanged)",
              keyword="TestPipeGradientAccumulationScaling or (TestPipeDynamicShape and topo_config1)"),
     _covered("unit/runtime/test_no_sync_ctxt.py",
-             "0002 0006 0016",
-             "no_sync and engine.backward on ZeRO-1/3 (the shm comm op at init)",
+             "0002 0006 0016 0017",
+             "no_sync and engine.backward on ZeRO-1/3 (the shm comm op at init; 0016/0017: the ZeRO steps in "
+             "mean mode)",
              keyword="test_zero_stage[3-dtype2] or test_engine_step[1-dtype2] or test_reentry"),
     _covered("unit/comm/test_dist.py",
              "0002",
@@ -70,7 +72,7 @@ FULL_TIER_COVERAGE = (
         "unit/runtime/half_precision/test_zero_optim_overflow.py", "0005 0008",
         "ZeRO overflow detection: the bf16 cases JIT-build FusedAdam first (about 160 s of CI's budget); "
         "tests/test_global_grad_norm.py covers ZeRO-2/3 overflow"),
-    _covered("unit/runtime/zero/test_zero_grad_clip.py", "0008",
+    _covered("unit/runtime/zero/test_zero_grad_clip.py", "0008 0017",
              "ZeRO-3 grad clipping and norm groups: each case JIT-builds an Adam op, about 100 s here"),
     _covered("unit/v1/half_precision/test_bf16.py", "0008 0014",
              "bf16 gradients against DDP: skip on a CPU (they ask for CUDA and NCCL); GPU tier"),

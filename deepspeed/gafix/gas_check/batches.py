@@ -101,3 +101,39 @@ def call_data_factory(factory, steps, global_batch_size):
         raise ValueError(f"--data factory {factory.__name__}: takes {unknown}; it may take only steps and "
                          "global_batch_size (keywords), or nothing")
     return factory(**{name: value for name, value in known.items() if name in wanted})
+
+
+def items_of(output, where="the loss"):
+    """``(loss_sum, num_items)`` of a per-item loss (``"loss_normalization": "per_item"``), the count as a
+    0-dim fp32 tensor."""
+    if not (isinstance(output,
+                       (tuple, list)) and len(output) == 2 and torch.is_tensor(output[0]) and output[0].dim() == 0):
+        raise ValueError(
+            f"{where} returned {type(output).__name__}: with \"loss_normalization\": \"per_item\" it must "
+            "return (loss_sum, num_items), the sum of the micro-batch's per-item losses and their count")
+    total, count = output
+    return total, torch.as_tensor(count, dtype=torch.float32)
+
+
+def model_item_loss(model, batch, loss_fn):
+    """``(loss_sum, num_items)`` of ``model`` on ``batch`` from a per-item ``loss_fn(outputs, labels)``."""
+    if loss_fn is None:
+        raise ValueError("\"loss_normalization\": \"per_item\" needs --loss, a function returning (loss_sum, "
+                         "num_items): a model's own loss is a mean")
+    if isinstance(batch, dict):
+        if "labels" not in batch:
+            raise ValueError("a dict batch with --loss needs a 'labels' entry (passed to the loss, not the model)")
+        inputs = {key: value for key, value in batch.items() if key != "labels"}
+        return items_of(loss_fn(model(**inputs), batch["labels"]), "--loss")
+    inputs, labels = batch
+    return items_of(loss_fn(model(inputs), labels), "--loss")
+
+
+def item_mean(loss_fn):
+    """A per-item loss as the mean over its items: over a whole global batch, the global item mean."""
+
+    def mean(outputs, labels):
+        total, count = items_of(loss_fn(outputs, labels))
+        return total / count.to(total.device)
+
+    return mean

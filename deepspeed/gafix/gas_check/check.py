@@ -18,8 +18,8 @@ from deepspeed.runtime.constants import GRADIENT_CLIPPING_DEFAULT
 from deepspeed.utils import safe_get_full_fp32_param
 
 from .accumulation import reading as bf16_accumulation_reading
-from .batches import check_batches, model_loss, rows, to
-from .data import global_batches, loss_fn as builtin_loss
+from .batches import check_batches, item_mean, model_item_loss, model_loss, rows, to
+from .data import global_batches, item_batches, item_loss_sum, item_mean_loss, loss_fn as builtin_loss, sample_loss_sum
 from .diagnosis import MATCH, Observation, describe, explain, no_known_cause
 from .models import builtin_layers, builtin_model
 from .progress import quiet
@@ -131,6 +131,10 @@ def config_loss_scale(config):
     return fp16.get("loss_scale", 0) or 2.0**fp16.get("initial_scale_power", 16)
 
 
+def per_item_mode(config):
+    return config.get("loss_normalization", "mean") == "per_item"
+
+
 def split_config(config, micro, gas):
     config = copy.deepcopy(config)
     config.pop("train_batch_size", None)
@@ -235,8 +239,11 @@ def train_split(config, workload, micro, gas, loop, with_reference, progress, in
                                       config=split_config(config, micro, gas))
     dp_rank = engine.grid.get_data_parallel_id() if stages else dist.get_rank()
     # gradient_allreduce_op "sum" adds the ranks' gradients: its callers normalize their loss over
-    # the global batch, so the per-rank mean is divided by the number of data-parallel ranks.
+    # the global batch, so the per-rank mean is divided by the number of data-parallel ranks (per_item
+    # mode divides by the global item count itself).
+    per_item = per_item_mode(config)
     loss_divisor = dist.get_world_size() if config.get("gradient_allreduce_op", "mean") == "sum" else 1
+    item_sums, item_counts = [], []
     dtype = next(engine.module.parameters()).dtype
     device = get_accelerator().current_device_name()
     per_rank = micro * gas
@@ -250,23 +257,33 @@ def train_split(config, workload, micro, gas, loop, with_reference, progress, in
         if stages:
             losses.append(float(engine.train_batch(data_iter=iter(micro_batches))))
         else:
-            total = 0.0
+            total, items = 0.0, 0.0
             for i, micro_batch in enumerate(micro_batches):
                 last = i == gas - 1
                 if loop == "boundary":
                     engine.set_gradient_accumulation_boundary(last)
-                loss = model_loss(engine, micro_batch, workload.loss_fn)
-                engine.backward(loss / loss_divisor)
+                if per_item:
+                    loss, count = model_item_loss(engine, micro_batch, workload.loss_fn)
+                    engine.backward(loss, num_items=count)
+                    items += count.item()
+                else:
+                    loss = model_loss(engine, micro_batch, workload.loss_fn)
+                    engine.backward(loss / loss_divisor)
                 total += loss.item()
                 if loop == "step_every_micro_batch" or last:
                     engine.step()
             losses.append(total / gas)
+            item_sums.append(total)
+            item_counts.append(items)
         norm = engine.get_global_grad_norm()
         norms.append(float("nan") if norm is None else float(norm))
         weights.append(master_weights(engine, weight_dtype))
         progress.step(index, what, step + 1, len(workload.batches))
     engine.destroy()
-    if not stages:  # the pipeline engine's loss is already the mean over its data-parallel ranks
+    if not stages and per_item:  # the sum of every rank's item losses over the global item count
+        totals = _all_reduce(item_sums + item_counts)
+        losses = [total / max(count, 1.0) for total, count in zip(totals[:len(losses)], totals[len(losses):])]
+    elif not stages:  # the pipeline engine's loss is already the mean over its data-parallel ranks
         losses = [value / dist.get_world_size() for value in _all_reduce(losses)]
     return SplitRun(norms, losses, weights, initial, reference_model, reference_loss)
 
@@ -367,14 +384,28 @@ def clipping_reading(clip, factors):
     return text
 
 
-def make_workload(config, make_model, splits, steps, pipeline_stages, data, loss_fn):
-    """The model factory, the global batches and the loss of a check; validates data against splits."""
+def make_workload(config, make_model, splits, steps, pipeline_stages, data, loss_fn, items="fixed"):
+    """The model factory, the global batches and the loss of a check; validates data against splits.
+
+    ``items`` "variable": the built-in data with 0-12 labelled positions per sample (an item is one), its
+    loss a sum over items with their count in per_item mode, each micro-batch's item mean in mean mode."""
     dp_world = dist.get_world_size() // (pipeline_stages or 1)
     micro, gas = splits[0]
     global_size = micro * gas * dp_world
-    if data is None:
+    per_item = per_item_mode(config)
+    if items not in ("fixed", "variable"):
+        raise ValueError(f"--items {items!r}: choose fixed or variable")
+    if items == "variable" and data is not None:
+        raise ValueError("--items variable checks the built-in data; with --data, your --loss decides the items "
+                         "(with \"loss_normalization\": \"per_item\" it returns (loss_sum, num_items))")
+    if items == "variable" and make_model not in (None, builtin_model):
+        raise ValueError("--items variable trains the built-in model on its 12-position samples: not with --model")
+    if data is None and items == "variable":
+        batches = item_batches(steps, global_size)
+        loss_fn = item_loss_sum if per_item else item_mean_loss
+    elif data is None:
         batches = global_batches(steps, global_size)
-        loss_fn = builtin_loss if loss_fn is None else loss_fn
+        loss_fn = (sample_loss_sum if per_item else builtin_loss) if loss_fn is None else loss_fn
     else:
         batches = data(steps, global_size)
         size = check_batches(batches, "--data")
@@ -386,7 +417,7 @@ def make_workload(config, make_model, splits, steps, pipeline_stages, data, loss
         if make_model is None:
             from deepspeed.pipe import PipelineModule
             make_model = lambda: PipelineModule(  # noqa: E731
-                layers=builtin_layers(), num_stages=pipeline_stages, loss_fn=builtin_loss)
+                layers=builtin_layers(), num_stages=pipeline_stages, loss_fn=loss_fn)
         if any(isinstance(batch, dict) for batch in batches):
             raise ValueError("the pipeline engine takes (inputs, labels) tuples, not dict batches")
     return Workload(make_model or builtin_model, batches, loss_fn, pipeline_stages)
@@ -401,13 +432,17 @@ def check_gas_invariance(config,
                          data=None,
                          loss_fn=None,
                          reference="auto",
-                         progress=None):
+                         progress=None,
+                         items="fixed"):
     """Train ``config`` under each per-rank ``(micro, gas)`` split; return one SplitResult per split.
 
     ``make_model``: a no-argument factory (default: a small MLP; with ``pipeline_stages``, a
     PipelineModule factory, default the MLP in stages). ``data``: ``(steps, global_batch_size) ->
     batches`` (default: the MLP's); ``loss_fn``: ``(outputs, labels) -> loss``, None when the model
-    returns its loss (the built-in data uses mean squared error). ``reference``: True (fp64 reference),
+    returns its loss (the built-in data uses mean squared error). ``items``: "fixed" (the built-in data: a
+    sample is an item) or "variable" (built-in samples of 0-12 labelled positions, see make_workload).
+    With ``"loss_normalization": "per_item"`` the loss returns ``(loss_sum, num_items)`` and every split is
+    compared with the fp64 mean over every item of the global batch. ``reference``: True (fp64 reference),
     False (splits compared with the first, the largest micro-batch), "auto" (False above
     REFERENCE_LIMIT_BYTES). ``loop``: the training loop's style (see ``train_split``).
 
@@ -425,7 +460,8 @@ def check_gas_invariance(config,
         config.setdefault("zero_allow_untested_optimizer", True)
     dtype = config_dtype(config)
     clip = config.get("gradient_clipping", GRADIENT_CLIPPING_DEFAULT)
-    workload = make_workload(config, make_model, splits, steps, pipeline_stages, data, loss_fn)
+    workload = make_workload(config, make_model, splits, steps, pipeline_stages, data, loss_fn, items)
+    per_item = per_item_mode(config)
     dp_world = dist.get_world_size() // (pipeline_stages or 1)
     if reference == "auto":
         count = _parameter_count(_seeded(workload.make_model), pipeline_stages)
@@ -440,21 +476,26 @@ def check_gas_invariance(config,
             model = run.reference_model.double()
             load_weights(model, run.initial, source)
             floor_model = copy.deepcopy(model)
-            expected = reference_run(model, workload.batches, gas * dp_world, config["optimizer"], clip,
-                                     run.reference_loss)
+            # per_item: the mean over every item of the global batch (the whole batch as one micro-batch);
+            # mean mode: the mean of the split's micro-batch means, DeepSpeed's contract.
+            parts, reference_loss = (1, item_mean(run.reference_loss)) if per_item else (gas * dp_world,
+                                                                                         run.reference_loss)
+            expected = reference_run(model, workload.batches, parts, config["optimizer"], clip, reference_loss)
             # What rounding alone does to this model: plain PyTorch, same micro-batches, the engine's precision.
-            floor = reference_run(floor_model, workload.batches, gas * dp_world, config["optimizer"], clip,
-                                  run.reference_loss, FLOOR_DTYPE[dtype])
+            floor = reference_run(floor_model, workload.batches, parts, config["optimizer"], clip, reference_loss,
+                                  FLOOR_DTYPE[dtype])
             noise_floor = max(max(errors) for errors in run_errors(floor, expected))
             result = compare_split(micro, gas, run, expected.norms, expected.weights,
                                    max(tol, min(MAX_TOLERANCE, FLOOR_FACTOR[dtype] * noise_floor)))
             result.noise_floor, result.floor_factor = noise_floor, FLOOR_FACTOR[dtype]
             result.expected_losses, result.expected_norms = expected.losses, expected.norms
+            if per_item:
+                global_reference = expected  # the gap of mean mode does not apply
             if global_reference is None:
                 load_weights(model, run.initial, source)
                 global_reference = reference_run(model, workload.batches, 1, config["optimizer"], clip,
                                                  run.reference_loss)
-            result.loss_normalization_gap = update_gap(expected, global_reference)
+            result.loss_normalization_gap = float("nan") if per_item else update_gap(expected, global_reference)
         elif first is None:
             first = run
             result = compare_split(micro, gas, run, run.norms, run.weights, tol)
@@ -511,6 +552,7 @@ def format_results(results, title):
         lines.append("note: the loss is a mean over each micro-batch's own items and their counts vary, so the split "
                      "changes the loss itself: each split's expected update differs from the global-batch mean's by " +
                      ", ".join(f"{r.loss_normalization_gap:.1e} ({r.name})" for r in gaps) +
-                     ". DeepSpeed averages micro-batch means by design and the check expects that; divide a sum over "
-                     "items by the global item count if the split must not matter.")
+                     ". DeepSpeed averages micro-batch means by design and the check expects that; if the split must "
+                     "not matter, set \"loss_normalization\": \"per_item\" and pass each micro-batch's loss sum "
+                     "with engine.backward(loss_sum, num_items=n) (docs/per_item_loss.md).")
     return "\n".join(lines)

@@ -87,6 +87,13 @@ def parse_args(argv=None):
                         help="training loop: backward()+step() on every micro-batch (default); "
                         "set_gradient_accumulation_boundary() and one step() per batch, as accelerate does; or "
                         "one step() per batch, for managed_gradient_accumulation: false")
+    parser.add_argument("--items",
+                        default="fixed",
+                        choices=["fixed", "variable"],
+                        help="the built-in data: a sample is an item (fixed, default), or samples of 0-12 labelled "
+                        "positions of 12 (variable): with \"loss_normalization\": \"per_item\" checked against the "
+                        "fp64 mean over every item of the global batch; in mean mode the check reports how far the "
+                        "micro-batch means are from it")
     reference = parser.add_mutually_exclusive_group()
     reference.add_argument("--no-reference",
                            dest="reference",
@@ -183,6 +190,9 @@ def workload_factories(args):
     from .models import builtin_model, load_factory
     if args.hf_model and (args.model or args.data):
         raise ValueError("--hf-model brings its own model and data: not with --model or --data")
+    if args.items == "variable" and (args.hf_model or args.model or args.data):
+        raise ValueError("--items variable checks the built-in model and data: not with --model, --data or "
+                         "--hf-model (their loss decides the items)")
     if args.hf_model and args.pipeline_stages:
         raise ValueError("--hf-model and --pipeline-stages: a Hugging Face model is not a PipelineModule")
     if args.data and not args.model:
@@ -258,7 +268,8 @@ def main(argv=None):
                                        data=data,
                                        loss_fn=loss_fn,
                                        reference=args.reference,
-                                       progress=progress)
+                                       progress=progress,
+                                       items=args.items)
     except ValueError as err:
         print(f"ds_gas_check: error: {err}", file=sys.stderr)
         return 2
@@ -271,6 +282,8 @@ def main(argv=None):
         title = (f"ds_gas_check: deepspeed {deepspeed.__version__}, {dist.get_world_size()} rank(s), {args.config}: "
                  f"{what}ZeRO {zero}, {config_dtype(config)}, optimizer {config['optimizer'].get('type')}, "
                  f"{'pipeline %d stages, ' % args.pipeline_stages if args.pipeline_stages else ''}"
+                 f"loss_normalization {config.get('loss_normalization', 'mean')}, "
+                 f"{'variable items per sample, ' if args.items == 'variable' else ''}"
                  f"{len(results[0].update_errors)} steps")
         print("\n".join([format_results(results, title)] + [f"note: {n}" for n in notes]), flush=True)
         if args.json:
