@@ -282,7 +282,7 @@ def main(argv=None):
         title = (f"ds_gas_check: deepspeed {deepspeed.__version__}, {dist.get_world_size()} rank(s), {args.config}: "
                  f"{what}ZeRO {zero}, {config_dtype(config)}, optimizer {config['optimizer'].get('type')}, "
                  f"{'pipeline %d stages, ' % args.pipeline_stages if args.pipeline_stages else ''}"
-                 f"loss_normalization {config.get('loss_normalization', 'mean')}, "
+                 f"{'loss_normalization per_item, ' if config.get('loss_normalization') == 'per_item' else ''}"
                  f"{'variable items per sample, ' if args.items == 'variable' else ''}"
                  f"{len(results[0].update_errors)} steps")
         print("\n".join([format_results(results, title)] + [f"note: {n}" for n in notes]), flush=True)
