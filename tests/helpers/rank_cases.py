@@ -6,12 +6,14 @@
 A worker script defines cases as functions returning JSON-able values and ends with
 ``run_cases({"name": fn, ...})``. Every rank writes ``rank<N>.json`` with ``{name: {"ok": True,
 "value": ...}}`` or ``{"ok": False, "error": traceback}``, and ``rank<N>.progress`` names the case
-it is in, so a hang can be located.
+it is in, so a hang can be located. Each outcome also holds the case's ``seconds`` (for keeping CI's
+launches within its budget).
 """
 
 import argparse
 import json
 import os
+import time
 import traceback
 
 
@@ -36,11 +38,13 @@ def run_cases(cases, argv=None):
     for name in selected:
         with open(progress, "w") as f:
             f.write(f"in case '{name}'")
+        started = time.perf_counter()
         try:
             results[name] = {"ok": True, "value": cases[name]()}
         except Exception:
             results[name] = {"ok": False, "error": traceback.format_exc()}
         dist.barrier()
+        results[name]["seconds"] = round(time.perf_counter() - started, 2)
     with open(progress, "w") as f:
         f.write("finished")
     with open(os.path.join(args.results_dir, f"rank{rank}.json"), "w") as f:

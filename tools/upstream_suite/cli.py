@@ -81,16 +81,20 @@ def scratch_copy(tests_dir, work_dir, side_name, package_dir, tests_sha256):
 
     Upstream's conftest puts the tests' parent directory on sys.path, so it must hold no deepspeed/
     source, or that, not the installed wheel, is tested. Upstream's repository has op_builder/ and csrc/
-    there (test_op_builder.py reads them): links to the side's installed copies take their place.
+    there (test_op_builder.py reads op_builder/builder.py): links to the side's installed copies take
+    their place. op_builder/ holds only that file, no package: were it importable, the accelerators would
+    take it for a source checkout's op_builder and JIT-build every op from csrc/ by this tree's path, so
+    ninja would rebuild each op the installed package built already (about a minute each).
     """
     root = work_dir / f"tree-{side_name}"
     marker = root / "SHA256"
-    stamp = f"{tests_sha256} {package_dir}"
+    stamp = f"{tests_sha256} {package_dir} op_builder/builder.py"
     if not (marker.exists() and marker.read_text() == stamp):
         shutil.rmtree(root, ignore_errors=True)
         shutil.copytree(tests_dir, root / "tests", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-        for name in ("op_builder", "csrc"):
-            (root / name).symlink_to(Path(package_dir) / "ops" / name)
+        (root / "op_builder").mkdir()
+        (root / "op_builder" / "builder.py").symlink_to(Path(package_dir) / "ops" / "op_builder" / "builder.py")
+        (root / "csrc").symlink_to(Path(package_dir) / "ops" / "csrc")
         marker.write_text(stamp)
     return root / "tests"
 
