@@ -7,9 +7,11 @@
 Runs tests/workers/global_grad_norm.py (2 CPU ranks, a 6-parameter model in 2 optimizer groups,
 GAS 2) with the installed deepspeed and, with ``--upstream-python``, with pristine upstream in the
 same run; prints both side by side. Counts are of the boundary ``engine.step()``: gradient
-reduction happens in backward, so these are the norm and the inf/nan check. On the paths that take
-``"loss_normalization": "per_item"`` (the fork only) the same step in that mode, whose item count
-rides in the norm's collective: its counts must equal mean mode's.
+reduction happens in backward, so these are the norm and the inf/nan check. Beside them (the fork
+only) the same step with ``"loss_normalization": "per_item"``: on ZeRO 1-3 the item count rides in the
+norm's collective and comes back in its host read (counts equal to mean mode's); without a ZeRO
+optimizer (stage 0, BF16_Optimizer) the count takes one small all-reduce in the boundary backward,
+before the gradients', and the step reads it back once (one host read more).
 
     python benchmarks/norm_collectives.py --upstream-python build/upstream-venv-0.19.8/bin/python
 """
@@ -29,10 +31,8 @@ CASES = [
     "zero2_offload_fp32", "zero2_fp16", "zero1_bf16_fp32_accumulation", "zero2_bf16", "zero3_fp32",
     "zero3_offload_fp32"
 ]
-PER_ITEM = [
-    "zero1_fp32", "zero2_fp32", "zero1_offload_fp32", "zero2_offload_fp32", "zero2_fp16", "zero2_bf16", "zero3_fp32",
-    "zero3_offload_fp32"
-]
+# Every path above takes per_item (the worker's DATA_PARALLEL_PATHS).
+PER_ITEM = CASES
 
 
 def measure(extensions_dir):

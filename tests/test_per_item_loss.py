@@ -22,24 +22,35 @@ NORM_TOLERANCE = {"fp32": 1e-6, "bf16": 5e-3, "fp16": 1e-3}
 UPDATE_TOLERANCE = {"fp32": 1e-4, "bf16": 3e-2, "fp16": 3e-3}
 PATHS = [
     "zero1_fp32", "zero2_fp32_clip", "zero1_fp32_allreduce_sum", "zero2_bf16_clip", "zero1_fp16_dynamic",
-    "zero2_offload_fp32_clip", "zero3_fp32_clip", "zero3_bf16_clip", "zero3_fp16_dynamic", "zero3_offload_fp32_clip"
+    "zero2_offload_fp32_clip", "zero3_fp32_clip", "zero3_bf16_clip", "zero3_fp16_dynamic", "zero3_offload_fp32_clip",
+    "zero0_fp32", "zero0_fp32_clip", "zero0_fp32_allreduce_sum", "zero0_bf16_clip", "zero0_fp16_dynamic",
+    "zero1_bf16_fp32_accumulation_clip"
 ]
 # 2 stages x the other ranks as data-parallel; cases that make a pipeline's grid run last in a launch
 # (deepspeed.utils.groups keeps it for the process's lifetime).
-PIPELINE_PATHS = ["pipe2_zero1_fp32", "pipe2_zero1_fp32_clip", "pipe2_zero1_fp16_dynamic"]
-PIPELINE_MEAN_MODE = "pipe2_zero1_fp32_mean_mode"
-MEAN_MODE = ["zero1_fp32_mean_mode", "zero2_bf16_clip_mean_mode", "zero3_fp32_clip_mean_mode"]
-AT_EVERY_RANK_COUNT = ["zero1_fp32", "zero2_fp32_clip", "zero2_bf16_clip", "zero3_fp32_clip"]
-NO_ITEMS = ["no_items_anywhere", "no_items_anywhere_zero3"]
+PIPELINE_PATHS = [
+    "pipe2_zero1_fp32", "pipe2_zero1_fp32_clip", "pipe2_zero1_fp16_dynamic", "pipe2_fp32_clip", "pipe2_bf16_clip"
+]
+PIPELINE_MEAN_MODE = ["pipe2_zero1_fp32_mean_mode", "pipe2_fp32_clip_mean_mode"]
+MEAN_MODE = [
+    "zero1_fp32_mean_mode", "zero2_bf16_clip_mean_mode", "zero3_fp32_clip_mean_mode", "zero0_fp32_mean_mode",
+    "zero0_bf16_clip_mean_mode", "zero1_bf16_fp32_accumulation_clip_mean_mode"
+]
+AT_EVERY_RANK_COUNT = [
+    "zero1_fp32", "zero2_fp32_clip", "zero2_bf16_clip", "zero3_fp32_clip", "zero0_fp32_clip",
+    "zero1_bf16_fp32_accumulation_clip"
+]
+NO_ITEMS = ["no_items_anywhere", "no_items_anywhere_zero3", "no_items_anywhere_zero0", "no_items_anywhere_zero0_bf16"]
 REFUSALS = {
     "refuses_bad_value": ("DeepSpeedConfigError", "Invalid loss_normalization: 'token'. Supported values: ['mean', "
                           "'per_item']"),
-    "refuses_zero0": ("DeepSpeedConfigError", "ZeRO stage 1, 2 or 3 is needed"),
     "refuses_backward_without_num_items": ("ValueError", "call backward(loss, num_items=n)"),
     "refuses_num_items_in_mean_mode": ("ValueError", "needs \"loss_normalization\": \"per_item\""),
 }
+# Last in a launch: an engine with torch_autocast sets deepspeed.runtime.torch_autocast's process-wide
+# state before the refusal, and later engines of the process then differ between ranks.
+LAST_REFUSALS = {"refuses_zero0_torch_autocast_fp16": ("DeepSpeedConfigError", "a torch autocast GradScaler")}
 PIPELINE_REFUSALS = {
-    "refuses_pipeline_without_zero": ("DeepSpeedConfigError", "ZeRO stage 1, 2 or 3 is needed"),
     "refuses_pipeline_loss_fn_without_count":
     ("ValueError", "the PipelineModule's loss_fn must return (loss_sum, num_items), not Tensor"),
 }
@@ -51,12 +62,12 @@ def dtype_of(path):
 
 def cases_for(ranks, slow):
     if ranks == 2:
-        pipeline = PIPELINE_PATHS + [PIPELINE_MEAN_MODE] + list(PIPELINE_REFUSALS)
+        pipeline = PIPELINE_PATHS + PIPELINE_MEAN_MODE + list(PIPELINE_REFUSALS) + list(LAST_REFUSALS)
         return PATHS + MEAN_MODE + NO_ITEMS + list(REFUSALS) + pipeline
     if not slow:
         return []
     wide = AT_EVERY_RANK_COUNT + ["zero1_fp32_mean_mode"]
-    return wide if ranks == 1 else wide + ["pipe2_zero1_fp32_clip", PIPELINE_MEAN_MODE]
+    return wide if ranks == 1 else wide + ["pipe2_zero1_fp32_clip", "pipe2_fp32_clip", "pipe2_zero1_fp32_mean_mode"]
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +114,7 @@ def test_pipeline_per_item_equals_the_global_item_mean(launched, ranks, path):
         assert all(error <= update_tolerance for error in row["update_errors"]), (split, row)
 
 
-@pytest.mark.parametrize("ranks, path", rank_params(MEAN_MODE + [PIPELINE_MEAN_MODE]))
+@pytest.mark.parametrize("ranks, path", rank_params(MEAN_MODE + PIPELINE_MEAN_MODE))
 def test_mean_mode_on_the_same_data_is_not_the_item_mean(launched, ranks, path):
     """Guard: on this data the per-micro-batch means miss the global item mean by far more than any
     tolerance, at every split with more than one micro-batch (so a per_item path that averaged means
@@ -128,15 +139,28 @@ def test_per_item_takes_no_extra_collective_or_host_read(launched, path):
             assert per_item[split]["host_reads"][2] == 1, split
 
 
+@pytest.mark.parametrize("path",
+                         ["zero0_fp32", "zero0_bf16_clip", "zero1_bf16_fp32_accumulation_clip", "pipe2_fp32_clip"])
+def test_per_item_without_zero_takes_one_more_small_collective(launched, path):
+    """Without a ZeRO optimizer the gradients are all-reduced whole and no norm collective exists to carry
+    N: the engine all-reduces the count (one float) before the gradients, divides by it in their
+    all-reduce (no added pass), and reads it back for the empty-step check: one collective and one host
+    read more than mean mode per step, and no more."""
+    per_item, mean = splits_of(launched, 2, path), splits_of(launched, 2, f"{path}_mean_mode")
+    for split in per_item:
+        assert per_item[split]["collectives"] == [c + 1 for c in mean[split]["collectives"]], split
+        assert per_item[split]["host_reads"] == [r + 1 for r in mean[split]["host_reads"]], split
+
+
 @pytest.mark.parametrize("case", NO_ITEMS)
 def test_a_step_without_items_is_skipped(launched, case):
     for rank, result in enumerate(launched[2].case(case)):
         assert result == {"unchanged": True, "skipped_steps": 1, "norm": 0.0}, f"rank {rank}: {result}"
 
 
-@pytest.mark.parametrize("case", {**REFUSALS, **PIPELINE_REFUSALS})
+@pytest.mark.parametrize("case", {**REFUSALS, **PIPELINE_REFUSALS, **LAST_REFUSALS})
 def test_bad_input_gets_a_clear_error(launched, case):
-    kind, message = {**REFUSALS, **PIPELINE_REFUSALS}[case]
+    kind, message = {**REFUSALS, **PIPELINE_REFUSALS, **LAST_REFUSALS}[case]
     for rank, error in enumerate(launched[2].case(case)):
         assert error is not None, f"rank {rank}: {case} was accepted"
         assert error["type"] == kind and message in error["message"], f"rank {rank}: {error}"

@@ -393,200 +393,58 @@ BF16_OPTIMIZER = {
 }
 OFFLOAD = {"offload_optimizer": {"device": "cpu"}}
 
-# Pipeline cases last: the pipeline grid stays in deepspeed.utils.groups for the process's lifetime.
-CASES = {
-    "zero0_fp32":
-    data_parallel_case({}),
-    "zero1_fp32":
-    data_parallel_case({"zero_optimization": {
-        "stage": 1
-    }}),
-    "zero2_fp32":
-    data_parallel_case({"zero_optimization": {
-        "stage": 2
-    }}),
-    "zero2_offload_fp32":
-    data_parallel_case({"zero_optimization": dict(stage=2, **OFFLOAD)}),
-    "zero1_offload_fp32":
-    data_parallel_case({"zero_optimization": dict(stage=1, **OFFLOAD)}),
-    "zero2_fp16":
-    data_parallel_case({
-        "fp16": {
-            "enabled": True,
-            "initial_scale_power": 8
-        },
-        "zero_optimization": {
-            "stage": 2
-        }
-    }),
-    "zero1_bf16_fp32_accumulation":
-    data_parallel_case(BF16_OPTIMIZER),
-    "zero2_bf16":
-    data_parallel_case({
-        "bf16": {
-            "enabled": True
-        },
-        "zero_optimization": {
-            "stage": 2
-        }
-    }),
-    "zero0_fp16":
-    data_parallel_case({"fp16": {
-        "enabled": True,
-        "initial_scale_power": 8
-    }}),
-    "zero0_fp16_fused_adam":
-    data_parallel_case({
-        "fp16": {
-            "enabled": True,
-            "initial_scale_power": 8
-        },
-        "optimizer": {
-            "type": "Adam",
-            "params": {
-                "lr": 1e-3,
-                "torch_adam": False
-            }
-        }
-    }),
-    "zero3_fp32":
-    data_parallel_case({"zero_optimization": {
-        "stage": 3
-    }}),
-    "zero3_offload_fp32":
-    data_parallel_case({"zero_optimization": dict(stage=3, **OFFLOAD)}),
-    "zero3_fp16":
-    data_parallel_case({
-        "fp16": {
-            "enabled": True,
-            "initial_scale_power": 8
-        },
-        "zero_optimization": {
-            "stage": 3
-        }
-    }),
-    "zero2_fp16_overflow":
-    overflow_case(2),
-    "zero3_fp16_overflow":
-    overflow_case(3),
-    "zero1_no_norm_fp32":
-    no_norm_case({"zero_optimization": {
-        "stage": 1,
-        "compute_grad_norm": False
-    }}),
-    "zero2_no_norm_fp32":
-    no_norm_case({"zero_optimization": {
-        "stage": 2,
-        "compute_grad_norm": False
-    }}),
-    "zero2_no_norm_fp16":
-    no_norm_case({
-        "fp16": {
-            "enabled": True,
-            "initial_scale_power": 8
-        },
-        "zero_optimization": {
-            "stage": 2,
-            "compute_grad_norm": False
-        }
-    }),
-    "zero1_muon_fp32":
-    muon_case({"zero_optimization": {
-        "stage": 1
-    }}),
-    "zero2_muon_fp32":
-    muon_case({"zero_optimization": {
-        "stage": 2
-    }}),
-    "zero1_muon_fp16":
-    muon_case({
-        "fp16": {
-            "enabled": True,
-            "initial_scale_power": 8
-        },
-        "zero_optimization": {
-            "stage": 1
-        }
-    }),
-    "zero2_muon_fp16":
-    muon_case({
-        "fp16": {
-            "enabled": True,
-            "initial_scale_power": 8
-        },
-        "zero_optimization": {
-            "stage": 2
-        }
-    }),
-    "zero2_offload_muon_fp16":
-    muon_case({
-        "fp16": {
-            "enabled": True,
-            "initial_scale_power": 8
-        },
-        "zero_optimization": dict(stage=2, **OFFLOAD)
-    }),
-    "zero1_moe_fp32":
-    moe_case(1),
-    "zero2_moe_fp32":
-    moe_case(2),
-    "pipeline_buffer_dtype":
-    pipeline_buffer_dtype,
-    "pipeline_tied_fp32_norm":
-    pipeline_tied_fp32_norm,
-    "pipeline_fp16_norm":
-    pipeline_fp16_norm,
-    "pipeline_fp32_norm":
-    pipeline_fp32_norm,
-    "pipeline_uneven_groups":
-    pipeline_uneven_groups,
+
+def zero(stage, **extra):
+    return {"zero_optimization": dict(stage=stage, **extra)}
+
+
+FP16 = {"fp16": dict(enabled=True, initial_scale_power=8)}
+BF16 = {"bf16": dict(enabled=True)}
+FUSED_ADAM = {"optimizer": dict(type="Adam", params=dict(lr=1e-3, torch_adam=False))}
+# The paths of data_parallel_case by name: each gives a mean-mode case and a "_per_item" case.
+DATA_PARALLEL_PATHS = {
+    "zero0_fp32": {},
+    "zero1_fp32": zero(1),
+    "zero2_fp32": zero(2),
+    "zero2_offload_fp32": zero(2, **OFFLOAD),
+    "zero1_offload_fp32": zero(1, **OFFLOAD),
+    "zero2_fp16": dict(FP16, **zero(2)),
+    "zero1_bf16_fp32_accumulation": BF16_OPTIMIZER,
+    "zero2_bf16": dict(BF16, **zero(2)),
+    "zero0_fp16": FP16,
+    "zero0_fp16_fused_adam": dict(FP16, **FUSED_ADAM),
+    "zero3_fp32": zero(3),
+    "zero3_offload_fp32": zero(3, **OFFLOAD),
+    "zero3_fp16": dict(FP16, **zero(3)),
 }
 
-# "loss_normalization": "per_item" on the paths that take it (benchmarks/norm_collectives.py sets them
-# beside mean mode: the same collectives and host reads). Before the pipeline cases, which stay last.
-PER_ITEM_PATHS = {
-    "zero1_fp32": {
-        "zero_optimization": {
-            "stage": 1
-        }
+# Pipeline cases last: the pipeline grid stays in deepspeed.utils.groups for the process's lifetime.
+CASES = {
+    **{
+        name: data_parallel_case(extra)
+        for name, extra in DATA_PARALLEL_PATHS.items()
     },
-    "zero2_fp32": {
-        "zero_optimization": {
-            "stage": 2
-        }
-    },
-    "zero1_offload_fp32": {
-        "zero_optimization": dict(stage=1, **OFFLOAD)
-    },
-    "zero2_offload_fp32": {
-        "zero_optimization": dict(stage=2, **OFFLOAD)
-    },
-    "zero2_fp16": {
-        "fp16": {
-            "enabled": True,
-            "initial_scale_power": 8
-        },
-        "zero_optimization": {
-            "stage": 2
-        }
-    },
-    "zero2_bf16": {
-        "bf16": {
-            "enabled": True
-        },
-        "zero_optimization": {
-            "stage": 2
-        }
-    },
-    "zero3_fp32": {
-        "zero_optimization": {
-            "stage": 3
-        }
-    },
-    "zero3_offload_fp32": {
-        "zero_optimization": dict(stage=3, **OFFLOAD)
-    },
+    "zero2_fp16_overflow": overflow_case(2),
+    "zero3_fp16_overflow": overflow_case(3),
+    "zero1_no_norm_fp32": no_norm_case(zero(1, compute_grad_norm=False)),
+    "zero2_no_norm_fp32": no_norm_case(zero(2, compute_grad_norm=False)),
+    "zero2_no_norm_fp16": no_norm_case(dict(FP16, **zero(2, compute_grad_norm=False))),
+    "zero1_muon_fp32": muon_case(zero(1)),
+    "zero2_muon_fp32": muon_case(zero(2)),
+    "zero1_muon_fp16": muon_case(dict(FP16, **zero(1))),
+    "zero2_muon_fp16": muon_case(dict(FP16, **zero(2))),
+    "zero2_offload_muon_fp16": muon_case(dict(FP16, **zero(2, **OFFLOAD))),
+    "zero1_moe_fp32": moe_case(1),
+    "zero2_moe_fp32": moe_case(2),
+    "pipeline_buffer_dtype": pipeline_buffer_dtype,
+    "pipeline_tied_fp32_norm": pipeline_tied_fp32_norm,
+    "pipeline_fp16_norm": pipeline_fp16_norm,
+    "pipeline_fp32_norm": pipeline_fp32_norm,
+    "pipeline_uneven_groups": pipeline_uneven_groups,
 }
+
+# "loss_normalization": "per_item" on every data-parallel path (benchmarks/norm_collectives.py sets them
+# beside mean mode). Before the pipeline cases, which stay last.
 CASES = {
     **{
         name: case
@@ -594,7 +452,7 @@ CASES = {
     },
     **{
         f"{name}_per_item": data_parallel_case(extra, per_item=True)
-        for name, extra in PER_ITEM_PATHS.items()
+        for name, extra in DATA_PARALLEL_PATHS.items()
     },
     **{
         name: case

@@ -21,7 +21,7 @@ import torch  # noqa: E402
 
 import deepspeed  # noqa: E402
 import deepspeed.comm as dist  # noqa: E402
-from deepspeed.utils import safe_get_full_fp32_param  # noqa: E402
+from deepspeed.gafix.gas_check.check import master_weights  # noqa: E402 (fp32 master weights of any engine path)
 from helpers.collectives import CollectiveCounter  # noqa: E402
 from helpers.rank_cases import run_cases  # noqa: E402
 from helpers.small_model import IN, OUT, make_layers, sgd_config  # noqa: E402
@@ -119,7 +119,7 @@ def train(micro, gas, extra, mode, count=False):
         norm = engine.get_global_grad_norm()
         norms.append(None if norm is None else float(norm))
         # The fp32 master weights (bf16/fp16 modules hold rounded copies).
-        weights.append({name: safe_get_full_fp32_param(p).double() for name, p in engine.module.named_parameters()})
+        weights.append(master_weights(engine))
     skipped = engine.skipped_steps
     engine.destroy()
     return norms, weights, (counters if count else None), skipped
@@ -197,7 +197,7 @@ def pipeline_train(micro, gas, extra, mode, layers):
         losses.append(float(loss))
         norm = engine.get_global_grad_norm()
         norms.append(None if norm is None else float(norm))
-        weights.append({name: safe_get_full_fp32_param(p).double() for name, p in engine.module.named_parameters()})
+        weights.append(master_weights(engine))
     skipped = engine.skipped_steps
     engine.destroy()
     return norms, [eval_loss] + losses, weights, counters, skipped
@@ -260,20 +260,6 @@ def refused_config(extra):
     return run
 
 
-def refused_pipeline(extra):
-
-    def run():
-        from deepspeed.pipe import PipelineModule
-        module = PipelineModule(layers=make_layers(),
-                                num_stages=2,
-                                loss_fn=torch.nn.MSELoss(),
-                                partition_method="uniform")
-        return error_of(lambda: deepspeed.initialize(
-            model=module, model_parameters=module.parameters(), config=config_of(4, 1, extra)))
-
-    return run
-
-
 def refused_pipeline_loss_fn():
     """A per_item pipeline whose loss_fn returns a mean (no count): train_batch() names the contract. One
     stage, so every rank computes the loss (with two, the first would wait for the failed last)."""
@@ -317,10 +303,11 @@ def no_items_anywhere(extra):
                                           config=config_of(2, 2, extra))
 
         def weights():
-            return {name: safe_get_full_fp32_param(p).clone() for name, p in engine.module.named_parameters()}
+            return master_weights(engine)
 
         before = weights()
         inputs, targets, mask = item_batch(0)
+        inputs = inputs.to(next(engine.module.parameters()).dtype)
         for i in range(2):
             total, n = item_loss_sum(engine(inputs[2 * i:2 * i + 2]), targets[2 * i:2 * i + 2],
                                      mask[2 * i:2 * i + 2] & False)
@@ -340,46 +327,105 @@ PER_ITEM_ZERO1 = dict(PER_ITEM, zero_optimization={"stage": 1})
 BF16 = {"bf16": {"enabled": True}}
 FP16_DYNAMIC = {"fp16": {"enabled": True, "loss_scale": 0, "initial_scale_power": 8}}
 # The gradients of a loss sum are as many times larger as the items it sums: with every item of a step on
-# one rank (a pipeline without DP) a loss scale of 2**8 overflows fp16, and dynamic scaling settles
-# lower after skipped steps. Starting lower skips none (docs/per_item_loss.md).
+# one rank (a pipeline without DP), or summed over the ranks before the division (ZeRO stage 0's fp16
+# all-reduce), a loss scale of 2**8 overflows fp16, and dynamic scaling settles lower after skipped
+# steps. Starting lower skips none (docs/per_item_loss.md).
 FP16_DYNAMIC_SUMS = {"fp16": {"enabled": True, "loss_scale": 0, "initial_scale_power": 2}}
 OFFLOAD = {"offload_optimizer": {"device": "cpu"}}
 
 CASES = {
-    "zero1_fp32": splits_case(PER_ITEM_ZERO1),
-    "zero2_fp32_clip": splits_case(dict(PER_ITEM, zero_optimization={"stage": 2}), clip=0.5),
-    "zero1_fp32_allreduce_sum": splits_case(dict(PER_ITEM_ZERO1, gradient_allreduce_op="sum")),
-    "zero2_bf16_clip": splits_case(dict(PER_ITEM, zero_optimization={"stage": 2}, **BF16), clip=0.5),
-    "zero1_fp16_dynamic": splits_case(dict(PER_ITEM_ZERO1, **FP16_DYNAMIC)),
-    "zero2_offload_fp32_clip": splits_case(dict(PER_ITEM, zero_optimization=dict(stage=2, **OFFLOAD)), clip=0.5),
-    "zero3_fp32_clip": splits_case(dict(PER_ITEM, zero_optimization={"stage": 3}), clip=0.5),
-    "zero3_bf16_clip": splits_case(dict(PER_ITEM, zero_optimization={"stage": 3}, **BF16), clip=0.5),
-    "zero3_fp16_dynamic": splits_case(dict(PER_ITEM, zero_optimization={"stage": 3}, **FP16_DYNAMIC)),
-    "zero3_offload_fp32_clip": splits_case(dict(PER_ITEM, zero_optimization=dict(stage=3, **OFFLOAD)), clip=0.5),
-    "zero1_fp32_mean_mode": splits_case({"zero_optimization": {
+    "zero1_fp32":
+    splits_case(PER_ITEM_ZERO1),
+    "zero2_fp32_clip":
+    splits_case(dict(PER_ITEM, zero_optimization={"stage": 2}), clip=0.5),
+    "zero1_fp32_allreduce_sum":
+    splits_case(dict(PER_ITEM_ZERO1, gradient_allreduce_op="sum")),
+    "zero2_bf16_clip":
+    splits_case(dict(PER_ITEM, zero_optimization={"stage": 2}, **BF16), clip=0.5),
+    "zero1_fp16_dynamic":
+    splits_case(dict(PER_ITEM_ZERO1, **FP16_DYNAMIC)),
+    "zero2_offload_fp32_clip":
+    splits_case(dict(PER_ITEM, zero_optimization=dict(stage=2, **OFFLOAD)), clip=0.5),
+    "zero3_fp32_clip":
+    splits_case(dict(PER_ITEM, zero_optimization={"stage": 3}), clip=0.5),
+    "zero3_bf16_clip":
+    splits_case(dict(PER_ITEM, zero_optimization={"stage": 3}, **BF16), clip=0.5),
+    "zero3_fp16_dynamic":
+    splits_case(dict(PER_ITEM, zero_optimization={"stage": 3}, **FP16_DYNAMIC)),
+    "zero3_offload_fp32_clip":
+    splits_case(dict(PER_ITEM, zero_optimization=dict(stage=3, **OFFLOAD)), clip=0.5),
+    "zero1_fp32_mean_mode":
+    splits_case({"zero_optimization": {
         "stage": 1
     }}, mode="mean"),
-    "zero2_bf16_clip_mean_mode": splits_case(dict(zero_optimization={"stage": 2}, **BF16), clip=0.5, mode="mean"),
-    "zero3_fp32_clip_mean_mode": splits_case({"zero_optimization": {
+    "zero2_bf16_clip_mean_mode":
+    splits_case(dict(zero_optimization={"stage": 2}, **BF16), clip=0.5, mode="mean"),
+    "zero3_fp32_clip_mean_mode":
+    splits_case({"zero_optimization": {
         "stage": 3
     }}, clip=0.5, mode="mean"),
-    "no_items_anywhere": no_items_anywhere(PER_ITEM_ZERO1),
-    "no_items_anywhere_zero3": no_items_anywhere(dict(PER_ITEM, zero_optimization={"stage": 3})),
-    "refuses_bad_value": refused_config({"loss_normalization": "token"}),
-    "refuses_zero0": refused_config(PER_ITEM),
-    "refuses_backward_without_num_items": refused_backward(PER_ITEM_ZERO1),
-    "refuses_num_items_in_mean_mode": refused_backward({"zero_optimization": {
+    "zero0_fp32":
+    splits_case(PER_ITEM),
+    "zero0_fp32_clip":
+    splits_case(PER_ITEM, clip=0.5),
+    "zero0_fp32_allreduce_sum":
+    splits_case(dict(PER_ITEM, gradient_allreduce_op="sum")),
+    "zero0_bf16_clip":
+    splits_case(dict(PER_ITEM, **BF16), clip=0.5),
+    "zero0_fp16_dynamic":
+    splits_case(dict(PER_ITEM, **FP16_DYNAMIC_SUMS)),
+    # bf16 with fp32 gradient accumulation at ZeRO stage 1: BF16_Optimizer.
+    "zero1_bf16_fp32_accumulation_clip":
+    splits_case(dict(PER_ITEM_ZERO1, **BF16, data_types={"grad_accum_dtype": "fp32"}), clip=0.5),
+    "zero0_fp32_mean_mode":
+    splits_case({}, mode="mean"),
+    "zero1_bf16_fp32_accumulation_clip_mean_mode":
+    splits_case(dict(zero_optimization={"stage": 1}, **BF16, data_types={"grad_accum_dtype": "fp32"}),
+                clip=0.5,
+                mode="mean"),
+    "zero0_bf16_clip_mean_mode":
+    splits_case(BF16, clip=0.5, mode="mean"),
+    "no_items_anywhere":
+    no_items_anywhere(PER_ITEM_ZERO1),
+    "no_items_anywhere_zero0":
+    no_items_anywhere(PER_ITEM),
+    "no_items_anywhere_zero0_bf16":
+    no_items_anywhere(dict(PER_ITEM, **BF16)),
+    "no_items_anywhere_zero3":
+    no_items_anywhere(dict(PER_ITEM, zero_optimization={"stage": 3})),
+    "refuses_bad_value":
+    refused_config({"loss_normalization": "token"}),
+    "refuses_backward_without_num_items":
+    refused_backward(PER_ITEM_ZERO1),
+    "refuses_num_items_in_mean_mode":
+    refused_backward({"zero_optimization": {
         "stage": 1
     }}, num_items=3),
     # Last: a pipeline's grid stays in deepspeed.utils.groups for the process's lifetime.
-    "pipe2_zero1_fp32": pipeline_case(PER_ITEM_ZERO1),
-    "pipe2_zero1_fp32_clip": pipeline_case(PER_ITEM_ZERO1, clip=0.5),
-    "pipe2_zero1_fp16_dynamic": pipeline_case(dict(PER_ITEM_ZERO1, **FP16_DYNAMIC_SUMS)),
-    "pipe2_zero1_fp32_mean_mode": pipeline_case({"zero_optimization": {
+    "pipe2_zero1_fp32":
+    pipeline_case(PER_ITEM_ZERO1),
+    "pipe2_zero1_fp32_clip":
+    pipeline_case(PER_ITEM_ZERO1, clip=0.5),
+    "pipe2_zero1_fp16_dynamic":
+    pipeline_case(dict(PER_ITEM_ZERO1, **FP16_DYNAMIC_SUMS)),
+    "pipe2_zero1_fp32_mean_mode":
+    pipeline_case({"zero_optimization": {
         "stage": 1
     }}, mode="mean"),
-    "refuses_pipeline_without_zero": refused_pipeline(PER_ITEM),
-    "refuses_pipeline_loss_fn_without_count": refused_pipeline_loss_fn,
+    "pipe2_fp32_clip":
+    pipeline_case(PER_ITEM, clip=0.5),
+    "pipe2_bf16_clip":
+    pipeline_case(dict(PER_ITEM, **BF16), clip=0.5),
+    "pipe2_fp32_clip_mean_mode":
+    pipeline_case({}, clip=0.5, mode="mean"),
+    "refuses_pipeline_loss_fn_without_count":
+    refused_pipeline_loss_fn,
+    # Last: torch_autocast's state is process-wide from the first engine that enables it.
+    "refuses_zero0_torch_autocast_fp16":
+    refused_config(dict(PER_ITEM, torch_autocast={
+        "enabled": True,
+        "dtype": "fp16"
+    })),
 }
 
 if __name__ == "__main__":
