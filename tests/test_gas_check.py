@@ -33,8 +33,13 @@ MUST_PASS = [
 
 # Left out of CI's launch (CI's 30 minutes), each beside a case that takes the same engine path: zero3_fp32
 # (zero3_offload_fp32), zero1_offload_fp32 (its _clip), zero1_bf16 (zero2_bf16_clip, zero1_bf16_fp32_accum),
-# zero1_fp32_allreduce_sum (zero2_bf16_allreduce_sum_clip), zero2_fp32_unmanaged (zero0_fp32_unmanaged).
-SLOW_CASES = ["zero3_fp32", "zero1_offload_fp32", "zero1_bf16", "zero1_fp32_allreduce_sum", "zero2_fp32_unmanaged"]
+# zero1_fp32_allreduce_sum (zero2_bf16_allreduce_sum_clip), zero2_fp32_unmanaged (zero0_fp32_unmanaged); the
+# per_item cases without a ZeRO optimizer (tests/test_per_item_loss.py runs those paths in CI).
+SLOW_CASES = [
+    "zero3_fp32", "zero1_offload_fp32", "zero1_bf16", "zero1_fp32_allreduce_sum", "zero2_fp32_unmanaged",
+    "zero0_fp32_clip_per_item_variable_items", "zero1_bf16_fp32_accum_per_item_variable_items",
+    "pipe2_bf16_per_item_variable_items"
+]
 
 
 @pytest.fixture(scope="module")
@@ -128,8 +133,11 @@ def test_user_pipeline_module_with_clipping(launched):
 @pytest.mark.fork_only
 @pytest.mark.fork_only  # pristine DeepSpeed has no loss_normalization
 @pytest.mark.parametrize("case", [
-    "zero2_bf16_clip_per_item_variable_items", "zero3_fp32_per_item_variable_items",
-    "pipe2_zero1_fp32_clip_per_item_variable_items"
+    pytest.param(case, marks=[pytest.mark.slow] if case in SLOW_CASES else []) for case in [
+        "zero2_bf16_clip_per_item_variable_items", "zero3_fp32_per_item_variable_items",
+        "pipe2_zero1_fp32_clip_per_item_variable_items", "zero0_fp32_clip_per_item_variable_items",
+        "zero1_bf16_fp32_accum_per_item_variable_items", "pipe2_bf16_per_item_variable_items"
+    ]
 ])
 def test_per_item_mode_against_the_global_item_mean(launched, case):
     """--items variable with "loss_normalization": "per_item": every split equals the fp64 mean over

@@ -90,3 +90,40 @@ def test_one_collective_per_step(launched, case):
     ranks, path, micro, gas = case
     for rank, result in enumerate(launched[ranks].case(case_name(path, micro, gas))):
         assert result["collectives_in_boundary_step"] == 1, f"rank {rank}: {result}"
+
+
+# loss_normalization "per_item" (patches 0016 and 0019): samples of 0-3 items, the mean over every item of
+# the global batch. CI runs the ZeRO-0 (engine all-reduce) and ZeRO-2 (norm collective) paths on 2 ranks.
+PER_ITEM_PATHS = [
+    "zero0_fp32_per_item", "zero0_fp16_per_item", "zero1_bf16_fp32_accumulation_per_item", "zero1_fp32_per_item",
+    "zero2_fp32_per_item", "zero2_bf16_per_item"
+]
+PER_ITEM_FAST = ["zero0_fp32_per_item", "zero2_fp32_per_item"]
+PER_ITEM_CASES = [
+    case if case[0] == 2 and case[1] in PER_ITEM_FAST else pytest.param(case, marks=pytest.mark.slow)
+    for case in [(ranks, path, micro, gas) for ranks, splits in SPLITS.items() for path in PER_ITEM_PATHS
+                 for micro, gas in splits]
+]
+
+
+@pytest.fixture(scope="module")
+def launched_per_item(extensions_dir, request):
+    slow = request.config.getoption("--run-slow")
+    return LaunchesByRanks(
+        WORKER, lambda ranks: [
+            case_name(path, *split) for path in PER_ITEM_PATHS for split in SPLITS[ranks]
+            if slow or (ranks == 2 and path in PER_ITEM_FAST)
+        ], extensions_dir)
+
+
+@pytest.mark.fork_only  # pristine DeepSpeed has no loss_normalization
+@pytest.mark.parametrize("case", PER_ITEM_CASES, ids=ids)
+def test_per_item_matches_the_fp64_item_mean(launched_per_item, case):
+    """Expert gradients come back from the all-to-all with every rank's items in them: dividing the
+    reduced sums by the global item count (in the norm's collective on ZeRO-1/2, in the engine's
+    gradient all-reduce without ZeRO, experts' all-reduce included) gives the item mean's gradient."""
+    ranks, path, micro, gas = case
+    for rank, result in enumerate(launched_per_item[ranks].case(case_name(path, micro, gas))):
+        error = abs(result["norm"] - result["reference_norm"]) / result["reference_norm"]
+        assert error <= tolerance(NORM_TOLERANCE, path), f"rank {rank}: {result}"
+        assert result["update_error"] <= tolerance(UPDATE_TOLERANCE, path), f"rank {rank}: {result}"

@@ -51,11 +51,12 @@ class MoENet(torch.nn.Module):
         return self.out(self.moe(torch.relu(self.inp(x)))[0])
 
 
-def fp64_gradients(model, inputs, targets):
+def fp64_gradients(model, inputs, targets, items=None):
     """fp64 gradients of the mean-square loss over the whole batch: ``(dense, experts)``, the dense
     parameters' in ``model.dense()`` order and ``experts[e] = [weight, bias]`` of every expert (gathered
     over the expert-parallel group). Each sample goes to the expert of highest gate probability,
-    scaled by that probability, as the MoE layer does with top-1 gating."""
+    scaled by that probability, as the MoE layer does with top-1 gating. With ``items`` (a count per
+    sample), the loss is the mean over items, a sample's squared error counted once per item."""
     from deepspeed.utils import groups
     group = groups._get_expert_parallel_group(model.moe.expert_group_name)
     assert dist.get_rank(group=group) == model.expert_index, "expert-parallel groups are not consecutive ranks"
@@ -74,7 +75,11 @@ def fp64_gradients(model, inputs, targets):
     chosen = probs.argmax(dim=1)
     experts = torch.stack([hidden @ w.T + b for w, b in zip(weights, biases)], dim=1)
     mixed = probs.gather(1, chosen[:, None]) * experts[torch.arange(len(inputs)), chosen]
-    torch.nn.functional.mse_loss(mixed @ out_w.T + out_b, targets.double()).backward()
+    if items is None:
+        torch.nn.functional.mse_loss(mixed @ out_w.T + out_b, targets.double()).backward()
+    else:
+        errors = ((mixed @ out_w.T + out_b - targets.double())**2).mean(dim=1)
+        ((errors * items.double()).sum() / items.sum()).backward()
     return [p.grad for p in dense], [[w.grad, b.grad] for w, b in zip(weights, biases)]
 
 

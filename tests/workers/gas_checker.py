@@ -175,6 +175,11 @@ CASES["zero2_bf16_clip_per_item_variable_items"] = lambda: check(
     zero(2, gradient_clipping=0.5, **PER_ITEM, **SGD, **BF16), items="variable")
 CASES["zero3_fp32_per_item_variable_items"] = lambda: check(zero(3, **NO_CLIP, **PER_ITEM, **SGD), items="variable")
 CASES["zero1_fp32_mean_variable_items"] = lambda: check(zero(1, **NO_CLIP, **SGD), items="variable")
+# Without a ZeRO optimizer (patch 0019): the count's own all-reduce, divided in the engine's.
+CASES["zero0_fp32_clip_per_item_variable_items"] = lambda: check(zero(0, gradient_clipping=0.5, **PER_ITEM, **SGD),
+                                                                 items="variable")
+CASES["zero1_bf16_fp32_accum_per_item_variable_items"] = lambda: check(
+    zero(1, **NO_CLIP, **PER_ITEM, **SGD, **BF16_FP32_ACCUM, bf16={"enabled": True}), items="variable")
 
 
 def user_pipeline_transformer():
@@ -196,6 +201,8 @@ CASES["pipe2_bf16"] = lambda: check(dict(**NO_CLIP, **SGD, **BF16), pipeline_sta
 CASES["pipe2_user_transformer_clip"] = user_pipeline_transformer
 CASES["pipe2_zero1_fp32_clip_per_item_variable_items"] = lambda: check(
     zero(1, gradient_clipping=0.5, **PER_ITEM, **SGD), pipeline_stages=2, items="variable")
+CASES["pipe2_bf16_per_item_variable_items"] = lambda: check(
+    dict(**NO_CLIP, **PER_ITEM, **SGD, **BF16), pipeline_stages=2, items="variable")
 
 if __name__ == "__main__":
     force_fp16_on_cpu()

@@ -43,9 +43,16 @@ PATHS = {
     "zero2_bf16": (BF16, "SGD", 2),
 }
 
+# "loss_normalization": "per_item" on these paths: each sample holds this many items (its squared error
+# counted once per item), so micro-batch means and the global item mean differ.
+PER_ITEM = "_per_item"
+PER_ITEM_PATHS = ["zero0_fp32", "zero0_fp16", "zero1_bf16_fp32_accumulation", "zero1_fp32", "zero2_fp32", "zero2_bf16"]
+ITEMS = torch.tensor([3, 0, 1, 2, 0, 2, 1, 3])
+
 
 def config(path, micro, gas):
-    extra, optimizer, stage = PATHS[path]
+    per_item = path.endswith(PER_ITEM)
+    extra, optimizer, stage = PATHS[path.removesuffix(PER_ITEM)]
     params = {"lr": LR} if optimizer == "SGD" else {"lr": 1e-3, "torch_adam": False}
     cfg = {
         "train_micro_batch_size_per_gpu": micro,
@@ -62,6 +69,8 @@ def config(path, micro, gas):
         },
     }
     cfg.update(extra)
+    if per_item:
+        cfg["loss_normalization"] = "per_item"
     return cfg
 
 
@@ -84,16 +93,22 @@ def case(path, micro, gas):
         dtype = next(engine.module.parameters()).dtype
         inputs, targets = global_batch(GLOBAL_BATCH)
         inputs = inputs.to(dtype).float()  # the engine sees these values: the reference too
-        dense_grads, expert_grads = fp64_gradients(engine.module, inputs, targets)
+        per_item = path.endswith(PER_ITEM)
+        dense_grads, expert_grads = fp64_gradients(engine.module, inputs, targets, ITEMS if per_item else None)
         reference_norm = fp64_norm(dense_grads, expert_grads)
         before = [p.detach().double().clone() for p in own_parameters(engine.module)]
 
         per_rank = GLOBAL_BATCH // dist.get_world_size()
         assert per_rank == micro * gas, f"split {micro} x {gas} x {dist.get_world_size()} != {GLOBAL_BATCH}"
         x, y = rank_share(inputs, targets, dist.get_rank(), per_rank)
+        items = ITEMS[dist.get_rank() * per_rank:(dist.get_rank() + 1) * per_rank].split(micro)
         counts = []
-        for batch, target in micro_batches(x, y, micro, gas, dtype=dtype):
-            engine.backward(mse(engine(batch), target))
+        for (batch, target), n in zip(micro_batches(x, y, micro, gas, dtype=dtype), items):
+            if per_item:
+                errors = ((engine(batch).float() - target.float())**2).mean(dim=1)
+                engine.backward((errors * n).sum(), num_items=int(n.sum()))
+            else:
+                engine.backward(mse(engine(batch), target))
             with CollectiveCounter() as counter:
                 engine.step()
             counts.append(len(counter.calls))
@@ -137,4 +152,5 @@ if __name__ == "__main__":
     force_fp16_on_cpu()
     import os
     world = int(os.environ.get("WORLD_SIZE", "2"))
-    run_cases({f"{path}_m{m}_g{g}": case(path, m, g) for path in PATHS for m, g in dict.fromkeys(splits(world))})
+    paths = list(PATHS) + [path + PER_ITEM for path in PER_ITEM_PATHS]
+    run_cases({f"{path}_m{m}_g{g}": case(path, m, g) for path in paths for m, g in dict.fromkeys(splits(world))})
