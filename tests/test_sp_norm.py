@@ -21,6 +21,10 @@ WORKER = REPO / "tests" / "workers" / "sp_norm.py"
 SPLITS = {2: [(8, 1), (4, 2)], 4: [(4, 1), (2, 2)]}
 PATHS = ["zero0_fp32", "zero1_fp32", "zero2_fp32"]
 ALL_CASES = [(ranks, f"{path}_sp2_m{m}_g{g}") for ranks in SPLITS for path in PATHS for m, g in SPLITS[ranks]]
+# loss_normalization "per_item" (patch 0019): samples of 0-3 items, each rank passes its chunk's loss sum
+# and count; every SP and DP rank's items are distinct, so the counts simply add up.
+PER_ITEM_CASES = [(ranks, f"{path}_per_item_sp2_m{m}_g{g}") for ranks in SPLITS for path in PATHS
+                  for m, g in SPLITS[ranks]]
 
 # Slow, 2 ranks too (with --run-slow): they establish paths where nothing was wrong, and CI keeps to
 # its 30 minutes.
@@ -29,7 +33,8 @@ CASES = [pytest.param(case, marks=pytest.mark.slow) for case in ALL_CASES]
 
 @pytest.fixture(scope="module")
 def launched(extensions_dir):
-    return LaunchesByRanks(WORKER, lambda ranks: [name for r, name in ALL_CASES if r == ranks], extensions_dir)
+    return LaunchesByRanks(WORKER, lambda ranks: [name for r, name in ALL_CASES + PER_ITEM_CASES if r == ranks],
+                           extensions_dir)
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda case: f"{case[0]}ranks-{case[1]}")
@@ -47,3 +52,13 @@ def test_one_collective_per_step(launched, case):
     ranks, name = case
     for rank, result in enumerate(launched[ranks].case(name)):
         assert result["collectives_in_boundary_step"] == 1, f"rank {rank}: {result}"
+
+
+@pytest.mark.fork_only  # pristine DeepSpeed has no loss_normalization
+@pytest.mark.parametrize("case", [pytest.param(case, marks=pytest.mark.slow) for case in PER_ITEM_CASES],
+                         ids=lambda case: f"{case[0]}ranks-{case[1]}")
+def test_per_item_matches_the_fp64_item_mean(launched, case):
+    ranks, name = case
+    for rank, result in enumerate(launched[ranks].case(name)):
+        assert abs(result["norm"] - result["reference_norm"]) <= 1e-6 * result["reference_norm"], result
+        assert result["update_error"] <= 2e-6, f"rank {rank}: {result}"

@@ -29,10 +29,17 @@ GLOBAL_BATCH, TP = 8, 2
 LR, CLIP = 0.1, 1.0
 COLUMN, ROW = 0, 2  # indices in make_layers()
 PATHS = {"zero0_fp32": 0, "zero1_fp32": 1, "zero2_fp32": 2}
+# "loss_normalization": "per_item" (path + PER_ITEM): each sample holds this many items (its squared
+# error counted once per item); every TP rank of a data-parallel rank counts the same micro-batch.
+PER_ITEM = "_per_item"
+ITEMS = torch.tensor([3, 0, 1, 2, 0, 2, 1, 3])
 
 
-def config(stage, micro, gas):
+def config(stage, micro, gas, per_item=False):
     return {
+        **({
+            "loss_normalization": "per_item"
+        } if per_item else {}),
         "train_micro_batch_size_per_gpu": micro,
         "gradient_accumulation_steps": gas,
         "optimizer": {
@@ -75,7 +82,9 @@ def case(path, micro, gas):
     def run():
         from deepspeed.module_inject.layers import LinearAllreduce, LinearLayer
         from deepspeed.utils import groups, safe_get_full_fp32_param
-        cfg = config(PATHS[path], micro, gas)
+        per_item = path.endswith(PER_ITEM)
+        stage = PATHS[path.removesuffix(PER_ITEM)]
+        cfg = config(stage, micro, gas, per_item)
         layers = make_layers()
         reference = torch.nn.Sequential(*copy.deepcopy(layers)).double()
         model = torch.nn.Sequential(*copy.deepcopy(layers))
@@ -94,19 +103,27 @@ def case(path, micro, gas):
         per_rank = GLOBAL_BATCH // dp_world
         assert per_rank == micro * gas, f"{micro} x {gas} x {dp_world} data-parallel != {GLOBAL_BATCH}"
         x, y = rank_share(inputs, targets, dp_rank, per_rank)
+        items = ITEMS[dp_rank * per_rank:(dp_rank + 1) * per_rank].split(micro)
         counts = []
-        for batch, target in micro_batches(x, y, micro, gas):
-            engine.backward(mse(engine(batch), target))
+        for (batch, target), n in zip(micro_batches(x, y, micro, gas), items):
+            if per_item:
+                errors = ((engine(batch) - target)**2).mean(dim=1)
+                engine.backward((errors * n).sum(), num_items=int(n.sum()))
+            else:
+                engine.backward(mse(engine(batch), target))
             with CollectiveCounter() as counter:
                 engine.step()
             counts.append(len(counter.calls))
         norm = engine.get_global_grad_norm()
         names = [name for name, _ in engine.module.named_parameters()]
-        after = [(safe_get_full_fp32_param(p) if PATHS[path] else p).detach().double()
-                 for p in engine.module.parameters()]
+        after = [(safe_get_full_fp32_param(p) if stage else p).detach().double() for p in engine.module.parameters()]
         engine.destroy()
 
-        torch.nn.functional.mse_loss(reference(inputs.double()), targets.double()).backward()
+        if per_item:
+            errors = ((reference(inputs.double()) - targets.double())**2).mean(dim=1)
+            ((errors * ITEMS.double()).sum() / ITEMS.sum()).backward()
+        else:
+            torch.nn.functional.mse_loss(reference(inputs.double()), targets.double()).backward()
         named = dict(reference.named_parameters())
         reference_norm = float(torch.linalg.vector_norm(torch.cat([p.grad.flatten() for p in named.values()])))
         coef = min(1.0, CLIP / (reference_norm + 1e-6))
@@ -132,4 +149,5 @@ def splits(world):
 
 if __name__ == "__main__":
     world = int(os.environ.get("WORLD_SIZE", "2"))
-    run_cases({f"{path}_m{m}_g{g}": case(path, m, g) for path in PATHS for m, g in splits(world)})
+    paths = list(PATHS) + [path + PER_ITEM for path in PATHS]
+    run_cases({f"{path}_m{m}_g{g}": case(path, m, g) for path in paths for m, g in splits(world)})

@@ -332,6 +332,8 @@ FP16_DYNAMIC = {"fp16": {"enabled": True, "loss_scale": 0, "initial_scale_power"
 # steps. Starting lower skips none (docs/per_item_loss.md).
 FP16_DYNAMIC_SUMS = {"fp16": {"enabled": True, "loss_scale": 0, "initial_scale_power": 2}}
 OFFLOAD = {"offload_optimizer": {"device": "cpu"}}
+# bf16 with fp32 gradient accumulation: BF16_Optimizer at ZeRO stage 1.
+BF16_OPTIMIZER = dict(BF16, data_types={"grad_accum_dtype": "fp32"})
 
 CASES = {
     "zero1_fp32":
@@ -374,15 +376,12 @@ CASES = {
     splits_case(dict(PER_ITEM, **BF16), clip=0.5),
     "zero0_fp16_dynamic":
     splits_case(dict(PER_ITEM, **FP16_DYNAMIC_SUMS)),
-    # bf16 with fp32 gradient accumulation at ZeRO stage 1: BF16_Optimizer.
     "zero1_bf16_fp32_accumulation_clip":
-    splits_case(dict(PER_ITEM_ZERO1, **BF16, data_types={"grad_accum_dtype": "fp32"}), clip=0.5),
+    splits_case(dict(PER_ITEM_ZERO1, **BF16_OPTIMIZER), clip=0.5),
     "zero0_fp32_mean_mode":
     splits_case({}, mode="mean"),
     "zero1_bf16_fp32_accumulation_clip_mean_mode":
-    splits_case(dict(zero_optimization={"stage": 1}, **BF16, data_types={"grad_accum_dtype": "fp32"}),
-                clip=0.5,
-                mode="mean"),
+    splits_case(dict(zero_optimization={"stage": 1}, **BF16_OPTIMIZER), clip=0.5, mode="mean"),
     "zero0_bf16_clip_mean_mode":
     splits_case(BF16, clip=0.5, mode="mean"),
     "no_items_anywhere":

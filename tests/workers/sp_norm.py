@@ -44,6 +44,11 @@ PATHS = {
     },
 }
 
+# "loss_normalization": "per_item" (path + PER_ITEM): each sample holds this many items (its squared
+# error counted once per item); each rank passes its chunk's loss sum and count, and nothing else.
+PER_ITEM = "_per_item"
+ITEMS = torch.tensor([3, 0, 1, 2, 0, 2, 1, 3, 1, 1, 0, 2, 3, 0, 2, 1])
+
 
 def case(path, sp, micro, gas):
 
@@ -68,18 +73,26 @@ def case(path, sp, micro, gas):
             "zero_allow_untested_optimizer": True,
             "gradient_clipping": CLIP,
         }
-        config.update(PATHS[path])
+        per_item = path.endswith(PER_ITEM)
+        config.update(PATHS[path.removesuffix(PER_ITEM)])
+        if per_item:
+            config["loss_normalization"] = "per_item"
         engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config, mpu=sp_mpu)
         inputs, targets = global_batch(GLOBAL_BATCH)
         per_rank = GLOBAL_BATCH // world
         assert per_rank == micro * gas, f"{micro} x {gas} x {world} != {GLOBAL_BATCH}"
         x, y = rank_share(inputs, targets, dist.get_rank(), per_rank)
         elements = targets.numel()
+        items = ITEMS[dist.get_rank() * per_rank:(dist.get_rank() + 1) * per_rank].split(micro)
         counts = []
-        for batch, target in micro_batches(x, y, micro, gas):
-            # The chunk's share of the global mean, times the DP x GAS average the engine applies.
-            loss = ((engine(batch) - target)**2).sum() / elements * dp * gas
-            engine.backward(loss)
+        for (batch, target), n in zip(micro_batches(x, y, micro, gas), items):
+            if per_item:
+                errors = ((engine(batch) - target)**2).mean(dim=1)
+                engine.backward((errors * n).sum(), num_items=int(n.sum()))
+            else:
+                # The chunk's share of the global mean, times the DP x GAS average the engine applies.
+                loss = ((engine(batch) - target)**2).sum() / elements * dp * gas
+                engine.backward(loss)
             with CollectiveCounter() as counter:
                 engine.step()
             counts.append(len(counter.calls))
@@ -90,7 +103,11 @@ def case(path, sp, micro, gas):
 
         reference = torch.nn.Sequential(*copy.deepcopy(layers)).double()
         before = [p.detach().clone() for p in reference.parameters()]
-        torch.nn.functional.mse_loss(reference(inputs.double()), targets.double()).backward()
+        if per_item:
+            errors = ((reference(inputs.double()) - targets.double())**2).mean(dim=1)
+            ((errors * ITEMS.double()).sum() / ITEMS.sum()).backward()
+        else:
+            torch.nn.functional.mse_loss(reference(inputs.double()), targets.double()).backward()
         grads = [p.grad for p in reference.parameters()]
         reference_norm = float(torch.linalg.vector_norm(torch.cat([g.flatten() for g in grads])))
         coef = min(1.0, CLIP / (reference_norm + 1e-6))
@@ -116,7 +133,7 @@ if __name__ == "__main__":
     world = int(os.environ.get("WORLD_SIZE", "2"))
     run_cases({
         f"{path}_sp{sp}_m{m}_g{g}": case(path, sp, m, g)
-        for path in PATHS
+        for path in list(PATHS) + [path + PER_ITEM for path in PATHS]
         for sp in (2, )
         for m, g in splits(world)
     })
