@@ -30,6 +30,19 @@ def mse(output, target):
     return torch.nn.functional.mse_loss(output.float(), target.float())
 
 
+# Items per sample of a global batch (up to 16 samples), for "loss_normalization": "per_item": a sample's
+# squared error counts once per item, so micro-batch means and the global item mean differ.
+SAMPLE_ITEMS = torch.tensor([3, 0, 1, 2, 0, 2, 1, 3, 1, 1, 0, 2, 3, 0, 2, 1])
+
+
+def sample_items_loss_sum(output, target, items):
+    """(the samples' mean squared errors, each times its ``items``, summed; the items' count): what a
+    micro-batch passes to ``engine.backward(loss, num_items=...)``, and over the whole batch the fp64
+    reference's numerator and denominator."""
+    errors = ((output - target.to(output.dtype))**2).mean(dim=1)
+    return (errors * items.to(errors.dtype)).sum(), int(items.sum())
+
+
 def rank_share(inputs, targets, rank, per_rank):
     """The ``per_rank`` samples of ``rank``, in order."""
     return inputs[rank * per_rank:(rank + 1) * per_rank], targets[rank * per_rank:(rank + 1) * per_rank]

@@ -23,7 +23,14 @@ import deepspeed  # noqa: E402
 import deepspeed.comm as dist  # noqa: E402
 from helpers.collectives import CollectiveCounter  # noqa: E402
 from helpers.rank_cases import run_cases  # noqa: E402
-from helpers.small_model import global_batch, make_layers, micro_batches, mse, rank_share  # noqa: E402
+from helpers.small_model import (
+    SAMPLE_ITEMS,
+    global_batch,
+    make_layers,
+    micro_batches,
+    mse,
+    rank_share,  # noqa: E402
+    sample_items_loss_sum)
 
 GLOBAL_BATCH, TP = 8, 2
 LR, CLIP = 0.1, 1.0
@@ -32,7 +39,7 @@ PATHS = {"zero0_fp32": 0, "zero1_fp32": 1, "zero2_fp32": 2}
 # "loss_normalization": "per_item" (path + PER_ITEM): each sample holds this many items (its squared
 # error counted once per item); every TP rank of a data-parallel rank counts the same micro-batch.
 PER_ITEM = "_per_item"
-ITEMS = torch.tensor([3, 0, 1, 2, 0, 2, 1, 3])
+ITEMS = SAMPLE_ITEMS[:GLOBAL_BATCH]
 
 
 def config(stage, micro, gas, per_item=False):
@@ -107,8 +114,8 @@ def case(path, micro, gas):
         counts = []
         for (batch, target), n in zip(micro_batches(x, y, micro, gas), items):
             if per_item:
-                errors = ((engine(batch) - target)**2).mean(dim=1)
-                engine.backward((errors * n).sum(), num_items=int(n.sum()))
+                total, count = sample_items_loss_sum(engine(batch), target, n)
+                engine.backward(total, num_items=count)
             else:
                 engine.backward(mse(engine(batch), target))
             with CollectiveCounter() as counter:
@@ -120,8 +127,8 @@ def case(path, micro, gas):
         engine.destroy()
 
         if per_item:
-            errors = ((reference(inputs.double()) - targets.double())**2).mean(dim=1)
-            ((errors * ITEMS.double()).sum() / ITEMS.sum()).backward()
+            total, count = sample_items_loss_sum(reference(inputs.double()), targets, ITEMS)
+            (total / count).backward()
         else:
             torch.nn.functional.mse_loss(reference(inputs.double()), targets.double()).backward()
         named = dict(reference.named_parameters())

@@ -21,7 +21,7 @@ import deepspeed.comm as dist  # noqa: E402
 from helpers.collectives import CollectiveCounter  # noqa: E402
 from helpers.moe_model import MoENet, fp64_gradients, fp64_norm  # noqa: E402
 from helpers.rank_cases import run_cases  # noqa: E402
-from helpers.small_model import global_batch, micro_batches, mse, rank_share  # noqa: E402
+from helpers.small_model import SAMPLE_ITEMS, global_batch, sample_items_loss_sum, micro_batches, mse, rank_share  # noqa: E402
 
 GLOBAL_BATCH = 8
 LR, CLIP = 0.1, 1.0
@@ -47,7 +47,7 @@ PATHS = {
 # counted once per item), so micro-batch means and the global item mean differ.
 PER_ITEM = "_per_item"
 PER_ITEM_PATHS = ["zero0_fp32", "zero0_fp16", "zero1_bf16_fp32_accumulation", "zero1_fp32", "zero2_fp32", "zero2_bf16"]
-ITEMS = torch.tensor([3, 0, 1, 2, 0, 2, 1, 3])
+ITEMS = SAMPLE_ITEMS[:GLOBAL_BATCH]
 
 
 def config(path, micro, gas):
@@ -105,8 +105,8 @@ def case(path, micro, gas):
         counts = []
         for (batch, target), n in zip(micro_batches(x, y, micro, gas, dtype=dtype), items):
             if per_item:
-                errors = ((engine(batch).float() - target.float())**2).mean(dim=1)
-                engine.backward((errors * n).sum(), num_items=int(n.sum()))
+                total, count = sample_items_loss_sum(engine(batch).float(), target, n)
+                engine.backward(total, num_items=count)
             else:
                 engine.backward(mse(engine(batch), target))
             with CollectiveCounter() as counter:

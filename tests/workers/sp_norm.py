@@ -26,7 +26,13 @@ import deepspeed  # noqa: E402
 import deepspeed.comm as dist  # noqa: E402
 from helpers.collectives import CollectiveCounter  # noqa: E402
 from helpers.rank_cases import run_cases  # noqa: E402
-from helpers.small_model import global_batch, make_layers, micro_batches, rank_share  # noqa: E402
+from helpers.small_model import (
+    SAMPLE_ITEMS,
+    global_batch,
+    make_layers,
+    micro_batches,
+    rank_share,  # noqa: E402
+    sample_items_loss_sum)
 
 GLOBAL_BATCH = 16
 LR, CLIP = 0.1, 1.0
@@ -47,7 +53,7 @@ PATHS = {
 # "loss_normalization": "per_item" (path + PER_ITEM): each sample holds this many items (its squared
 # error counted once per item); each rank passes its chunk's loss sum and count, and nothing else.
 PER_ITEM = "_per_item"
-ITEMS = torch.tensor([3, 0, 1, 2, 0, 2, 1, 3, 1, 1, 0, 2, 3, 0, 2, 1])
+ITEMS = SAMPLE_ITEMS[:GLOBAL_BATCH]
 
 
 def case(path, sp, micro, gas):
@@ -87,8 +93,8 @@ def case(path, sp, micro, gas):
         counts = []
         for (batch, target), n in zip(micro_batches(x, y, micro, gas), items):
             if per_item:
-                errors = ((engine(batch) - target)**2).mean(dim=1)
-                engine.backward((errors * n).sum(), num_items=int(n.sum()))
+                total, count = sample_items_loss_sum(engine(batch), target, n)
+                engine.backward(total, num_items=count)
             else:
                 # The chunk's share of the global mean, times the DP x GAS average the engine applies.
                 loss = ((engine(batch) - target)**2).sum() / elements * dp * gas
@@ -104,8 +110,8 @@ def case(path, sp, micro, gas):
         reference = torch.nn.Sequential(*copy.deepcopy(layers)).double()
         before = [p.detach().clone() for p in reference.parameters()]
         if per_item:
-            errors = ((reference(inputs.double()) - targets.double())**2).mean(dim=1)
-            ((errors * ITEMS.double()).sum() / ITEMS.sum()).backward()
+            total, count = sample_items_loss_sum(reference(inputs.double()), targets, ITEMS)
+            (total / count).backward()
         else:
             torch.nn.functional.mse_loss(reference(inputs.double()), targets.double()).backward()
         grads = [p.grad for p in reference.parameters()]
