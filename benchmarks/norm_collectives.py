@@ -6,12 +6,13 @@
 
 Runs tests/workers/global_grad_norm.py (2 CPU ranks, a 6-parameter model in 2 optimizer groups,
 GAS 2) with the installed deepspeed and, with ``--upstream-python``, with pristine upstream in the
-same run; prints both side by side. Counts are of the boundary ``engine.step()``: gradient
-reduction happens in backward, so these are the norm and the inf/nan check. Beside them (the fork
-only) the same step with ``"loss_normalization": "per_item"``: on ZeRO 1-3 the item count rides in the
-norm's collective and comes back in its host read (counts equal to mean mode's); without a ZeRO
-optimizer (stage 0, BF16_Optimizer) the count takes one small all-reduce in the boundary backward,
-before the gradients', and the step reads it back once (one host read more).
+same run; prints both side by side. Counts are of the boundary ``engine.step()``, that is the norm and
+the inf/nan check, and of the boundary ``backward()``, where the engine all-reduces the gradients
+without ZeRO (ZeRO-1 does it in the step, ZeRO-2 in every backward, in both modes alike). Beside them
+(the fork only) the same with ``"loss_normalization": "per_item"``: on ZeRO 1-3 the item count rides in
+the norm's collective and comes back in its host read; without a ZeRO optimizer (stage 0,
+BF16_Optimizer) it rides in the first gradient bucket's all-reduce, and the step reads it back once
+(one host read more). The collectives are mean mode's on every path.
 
     python benchmarks/norm_collectives.py --upstream-python build/upstream-venv-0.19.8/bin/python
 """
@@ -56,6 +57,10 @@ def cell(row, key):
     return str(row[key]) if key in row else "error"
 
 
+def collectives(row):
+    return f"{cell(row, 'collectives_in_boundary_step')} / {cell(row, 'collectives_in_boundary_backward')}"
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--upstream-python", help="interpreter with pristine upstream deepspeed installed")
@@ -77,19 +82,19 @@ def main():
     header = f"fork: deepspeed {fork['deepspeed']}" + (f"; upstream: deepspeed {upstream['deepspeed']}"
                                                        if upstream else "")
     print(header + "\n")
-    print("| path | collectives (fork) | host reads (fork) | per_item: collectives / host reads (fork) |" +
-          (" collectives (upstream) | host reads (upstream) |" if upstream else ""))
+    print("| path | collectives in step / backward (fork) | host reads in step (fork) | per_item: collectives in "
+          "step / backward, host reads in step (fork) |" +
+          (" collectives in step / backward (upstream) | host reads in step (upstream) |" if upstream else ""))
     print("|---|---|---|---|" + ("---|---|" if upstream else ""))
     for case in CASES:
         row = fork["rows"][case]
         per_item = fork["rows"].get(f"{case}_per_item")
-        line = (f"| {case} | {cell(row, 'collectives_in_boundary_step')} | "
-                f"{cell(row, 'host_reads_in_boundary_step')} | " +
-                (f"{cell(per_item, 'collectives_in_boundary_step')} / {cell(per_item, 'host_reads_in_boundary_step')}"
-                 if per_item else "refused (docs/per_item_loss.md)") + " |")
+        line = f"| {case} | {collectives(row)} | {cell(row, 'host_reads_in_boundary_step')} | " + (
+            f"{collectives(per_item)}, {cell(per_item, 'host_reads_in_boundary_step')}"
+            if per_item else "refused (docs/per_item_loss.md)") + " |"
         if upstream:
             up = upstream["rows"][case]
-            line += f" {cell(up, 'collectives_in_boundary_step')} | {cell(up, 'host_reads_in_boundary_step')} |"
+            line += f" {collectives(up)} | {cell(up, 'host_reads_in_boundary_step')} |"
         print(line)
 
 

@@ -103,6 +103,7 @@ def data_parallel_case(extra, per_item=False):
             "collectives_in_other_steps": counts[:-1],
             "host_reads_in_boundary_step": host_reads,
             "host_reads_in_boundary_backward": backward_counter.host_reads,
+            "collectives_in_boundary_backward": len(backward_counter.calls),
             "norm_plan_builds": norm_plan_builds(engine),
             "parameters": len(list(model.parameters())),
             "optimizer": type(engine.optimizer).__name__,

@@ -322,6 +322,48 @@ def no_items_anywhere(extra):
     return run
 
 
+# Per-rank item counts (rank 0, rank 1) around the exact-integer limits of bf16 (256), fp16 (2048) and
+# fp32 (2**24), and counts above them, whose sums a bucket of that dtype cannot hold.
+RIDING_COUNTS = [(0, 0), (1, 2), (255, 2), (257, 1023), (2047, 2049), (1_000_003, 999_999), (2**24 - 1, 2**24 - 1),
+                 (2**30 + 128, 3)]
+
+
+def count_rides_in_the_bucket(ranks_beyond_digits=None):
+    """Without ZeRO the step's item count rides in the first gradient bucket's all-reduce as digits small
+    enough to sum exactly in the bucket's dtype: per dtype and count pair, the count the engine takes
+    from one bucket all-reduce, against the exact sum. With ``ranks_beyond_digits`` the group is reported
+    that large (more ranks than a bf16 digit can sum exactly), so the count goes alone first."""
+
+    def run():
+        model = torch.nn.Sequential(*make_layers())
+        engine, *_ = deepspeed.initialize(model=model,
+                                          model_parameters=model.parameters(),
+                                          config=config_of(2, 1, PER_ITEM))
+        group, rank = None, dist.get_rank()
+        world_size = dist.get_world_size
+        if ranks_beyond_digits:
+            dist.get_world_size = lambda group=None: ranks_beyond_digits
+        rows = []
+        try:
+            for dtype in (torch.float32, torch.float16, torch.bfloat16):
+                for counts in RIDING_COUNTS:
+                    engine._items_to_reduce = torch.tensor(float(counts[rank]))
+                    with CollectiveCounter() as counter:
+                        engine.allreduce_bucket([torch.zeros(3, dtype=dtype)], group)
+                    rows.append({
+                        "dtype": str(dtype),
+                        "counts": counts,
+                        "items": engine._items_of_step.item(),
+                        "collectives": len(counter.calls)
+                    })
+        finally:
+            dist.get_world_size = world_size
+            engine.destroy()
+        return rows
+
+    return run
+
+
 PER_ITEM = {"loss_normalization": "per_item"}
 PER_ITEM_ZERO1 = dict(PER_ITEM, zero_optimization={"stage": 1})
 BF16 = {"bf16": {"enabled": True}}
@@ -384,6 +426,12 @@ CASES = {
     splits_case(dict(zero_optimization={"stage": 1}, **BF16_OPTIMIZER), clip=0.5, mode="mean"),
     "zero0_bf16_clip_mean_mode":
     splits_case(BF16, clip=0.5, mode="mean"),
+    "zero0_fp16_dynamic_mean_mode":
+    splits_case(FP16_DYNAMIC_SUMS, mode="mean"),
+    "count_rides_in_the_bucket":
+    count_rides_in_the_bucket(),
+    "count_goes_alone_beyond_exact_digits":
+    count_rides_in_the_bucket(ranks_beyond_digits=257),
     "no_items_anywhere":
     no_items_anywhere(PER_ITEM_ZERO1),
     "no_items_anywhere_zero0":
