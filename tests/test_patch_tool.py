@@ -93,6 +93,20 @@ def test_check_fails_on_a_patch_without_signoff_test_or_changelog_entry(repo_cop
     assert f"{unlisted.name}: CHANGELOG.md has no entry naming 'patch {number}'" in proc.stdout
 
 
+def test_check_fails_on_a_fix_patch_without_its_upstream_style_test(repo_copy):
+    """A patch for upstream whose Test: paragraph names only the fork's suite, not a tests/unit file it
+    adds, is not a PR upstream can merge: check names it (0001, the fork's label, is exempt)."""
+    patch = read_series(repo_copy)[2].path
+    text = patch.read_text()
+    patch.write_text(
+        text.replace(text[text.index("\nTest:"):text.index("\nSigned-off-by:")],
+                     "\nTest: tests/test_engine_updates.py covers it.\n"))
+    proc = patches_tool(repo_copy, "check")
+    assert proc.returncode == 1, proc.stdout
+    assert f"{patch.name}: it adds no upstream-style test of its own" in proc.stdout
+    assert read_series(repo_copy)[0].path.name not in proc.stdout
+
+
 def test_export_prs_apply_in_order_on_pristine_and_build_the_same_tree(tmp_path):
     """Each PR bundle applies with git am on pristine upstream after the ones before it; all applied,
     the tree is the one setup.py builds (less the fork's own files), each bundle keeps its sign-off,
@@ -126,7 +140,10 @@ def test_edit_export_build_mirrors_csrc(repo_copy, tmp_path):
     marker = "// deepspeed-gafix test: this line reaches the sdist's deepspeed/ops/csrc copy too\n"
     with open(tree / "csrc" / "cpu" / "comm" / "shm.cpp", "a") as f:
         f.write(marker)
-    commit_all(tree, "Mark shm.cpp\n\nA test edit.\n\nTest: tests/test_patch_tool.py")
+    # A patch for upstream carries its own upstream-style test.
+    (tree / "tests" / "unit").mkdir(parents=True, exist_ok=True)
+    (tree / "tests" / "unit" / "test_mark.py").write_text("def test_mark():\n    pass\n")
+    commit_all(tree, "Mark shm.cpp\n\nA test edit.\n\nTest: tests/unit/test_mark.py")
     proc = patches_tool(repo_copy, "export", "--dir", str(tree))
     assert proc.returncode == 0, proc.stdout
     series = read_series(repo_copy)

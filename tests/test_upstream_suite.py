@@ -283,6 +283,30 @@ def test_patch_tier_has_no_regression(tmp_path, extensions_dir):
     assert summary["sides"]["fork"]["passed"] > 0, "the patch tier ran no passing test: nothing was checked"
 
 
+@pytest.mark.slow
+@pytest.mark.fork_only
+def test_each_patch_test_fails_on_pristine_and_passes_on_the_fork(tmp_path, extensions_dir):
+    """The patch-tests tier: every patch's own upstream-style test, in upstream's harness, run on pristine
+    0.19.8 and on the fork (about 12 minutes here; results in docs/patches.md)."""
+    upstream_tests_or_skip()
+    from helpers.pristine import pristine_python
+    report = tmp_path / "patch-tests" / "report.md"
+    proc = subprocess.run([
+        sys.executable,
+        str(REPO / "tools" / "run-upstream-suite"), "--tier", "patch-tests", "--pristine-python",
+        pristine_python(), "--work-dir",
+        str(tmp_path / "work"), "--fork-extensions-dir",
+        str(extensions_dir), "--report",
+        str(report), "--timeout", "300"
+    ],
+                          stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT,
+                          text=True)
+    print(proc.stdout[-20000:])
+    assert proc.returncode == 0, proc.stdout[-6000:]
+    assert "fails on pristine, passes on the fork" in (report.parent / "patch-tests.md").read_text()
+
+
 def test_patch_tier_files_exist_upstream():
     """Every file the patch tier names is in upstream's tests (a renamed file must not drop out silently)."""
     tests = upstream_tests_or_skip()
@@ -317,3 +341,50 @@ def test_a_build_lock_left_by_a_killed_build_is_removed_before_the_next_test_pro
     assert (extensions / "some_op" / "some_op.so").exists(), "only the lock goes"
     log = next((tmp_path / "logs").glob("*.fork.log")).read_text()
     assert "removed a JIT build lock left by a killed build" in log
+
+
+def _created(path, lines, newline_at_end=True):
+    """The diff of a format-patch that creates ``path`` with ``lines``."""
+    body = "".join(f"+{line}\n" for line in lines) + ("" if newline_at_end else "\\ No newline at end of file\n")
+    return (f"diff --git a/{path} b/{path}\nnew file mode 100644\nindex 0000000..1111111\n--- /dev/null\n"
+            f"+++ b/{path}\n@@ -0,0 +1,{len(lines)} @@\n{body}")
+
+
+def _changed(path):
+    return (f"diff --git a/{path} b/{path}\nindex 1111111..2222222 100644\n--- a/{path}\n+++ b/{path}\n"
+            "@@ -1,1 +1,1 @@\n-old\n+new\n")
+
+
+def test_patch_tests_are_read_back_from_the_diffs(tmp_path):
+    """The patch-tests tier lays in exactly the test files the patches create (not their other files, not
+    test helpers), and refuses a patch that changes a test file an earlier patch added."""
+    from upstream_suite.patch_tests import PatchTestError, patch_tests
+    lines = ["# SPDX-License-Identifier: Apache-2.0", "", "def test_it():", "    assert '+1' != '-- '"]
+    first = tmp_path / "0002-Fix-one.patch"
+    first.write_text("Subject: [PATCH] Fix one\n\n---\n" + _changed("deepspeed/runtime/engine.py") +
+                     _created("tests/unit/runtime/test_one.py", lines) + _created("tests/unit/helper.py", ["x = 1"]) +
+                     _created("tests/unit/test_two.py", ["x = 2"], newline_at_end=False))
+    found = patch_tests([first])
+    assert [(t.number, t.path) for t in found] == [("0002", "unit/runtime/test_one.py"), ("0002", "unit/test_two.py")]
+    assert found[0].content == "\n".join(lines) + "\n" and found[1].content == "x = 2"
+    later = tmp_path / "0003-Fix-two.patch"
+    later.write_text("Subject: [PATCH] Fix two\n\n---\n" + _changed("tests/unit/runtime/test_one.py"))
+    with pytest.raises(PatchTestError, match="0003-Fix-two.patch changes tests/unit/runtime/test_one.py"):
+        patch_tests([first, later])
+    cut = tmp_path / "0004-Cut.patch"
+    cut.write_text("".join(_created("tests/unit/test_cut.py", lines).splitlines(keepends=True)[:-1]))
+    with pytest.raises(PatchTestError, match="cut short"):
+        patch_tests([cut])
+
+
+def test_every_patch_for_upstream_carries_a_test_that_compiles():
+    """The series' own tests as the tier reads them: one or more per patch but the fork's label (0001),
+    each valid Python in upstream's layout (tests/unit/..., a DistributedTest or a plain test)."""
+    from upstream_suite.patch_tests import patch_tests
+    series = (REPO / "patches" / "series").read_text().split()
+    patches = [REPO / "patches" / name for name in series if name.endswith(".patch")]
+    found = patch_tests(patches)
+    assert {t.number for t in found} == {p.name[:4] for p in patches} - {"0001"}
+    for test in found:
+        assert test.path.startswith("unit/"), test.path
+        compile(test.content, test.path, "exec")

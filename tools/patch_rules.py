@@ -6,13 +6,19 @@
 - a ``Signed-off-by:`` trailer (upstream's DCO check rejects a commit without one);
 - a ``Test:`` paragraph naming at least one test file that exists: ours (``tests/...py`` in this
   repository) or one the patch itself adds (``tests/unit/...py`` in upstream's tree);
-- a CHANGELOG.md entry naming it ("patch 0013", any case).
+- a CHANGELOG.md entry naming it ("patch 0013", any case);
+- for a patch meant for upstream (all but NOT_FOR_UPSTREAM): its own upstream-style test, a
+  ``tests/unit/.../test_*.py`` file the patch adds and its ``Test:`` paragraph names, so that ``git am``
+  of the one patch brings fix and test (``tools/run-upstream-suite --tier patch-tests`` runs them).
 """
 
 import re
 from pathlib import Path
 
 _TEST_PATH = re.compile(r"\btests/[\w/.-]+\.py\b")
+_UPSTREAM_TEST = re.compile(r"^tests/unit/(?:[\w.-]+/)*test_[\w.-]+\.py$")
+# The fork's own label and ds_report section (docs/patches.md): not a change for upstream.
+NOT_FOR_UPSTREAM = {"0001"}
 
 
 def message_of(patch_text):
@@ -52,6 +58,10 @@ def problems(patch_path, repo, changelog_text):
     if not existing:
         found.append(f"{patch_path.name}: its message names no existing test file in a 'Test:' paragraph "
                      f"(named: {', '.join(named) or 'none'})")
+    own = [path for path in named if _UPSTREAM_TEST.match(path) and path in files_added(text)]
+    if number not in NOT_FOR_UPSTREAM and not own:
+        found.append(f"{patch_path.name}: it adds no upstream-style test of its own (a tests/unit/.../test_*.py "
+                     "file named in its 'Test:' paragraph)")
     if not re.search(rf"\bpatch(es)? [0-9, and]*\b{number}\b", changelog_text, flags=re.IGNORECASE):
         found.append(f"{patch_path.name}: CHANGELOG.md has no entry naming 'patch {number}'")
     return found

@@ -233,7 +233,8 @@ def main(argv=None):
             if differing or lacking:
                 return 1
             print(f"{SERIES_FILE} is up to date: materialise+export reproduces patches/ byte for byte; every "
-                  "patch is signed off, names its test and has a CHANGELOG entry")
+                  "patch is signed off, names its test and has a CHANGELOG entry, and each for upstream adds its own "
+                  "test under tests/unit")
         elif args.command == "export-prs":
             from pr_bundles import export_prs
             bundles = export_prs(args.out_dir)

@@ -7,8 +7,11 @@
   tools/run-upstream-suite --tier patch --pristine-baseline  fork side only, pristine from the recorded baseline
   tools/run-upstream-suite --tier patch --record-baseline    both sides; store pristine's outcomes as the baseline
   tools/run-upstream-suite --files unit/comm/test_dist.py -k broadcast   any selection
+  tools/run-upstream-suite --tier patch-tests                both sides: each patch's own upstream-style test
+                                                             must fail on pristine and pass on the fork
 
-Exit status: 0 no regression, 1 at least one regression, 2 a setup error (named on stderr).
+Exit status: 0 no regression, 1 at least one regression (patch-tests: a patch's test not failing on
+pristine and passing on the fork), 2 a setup error (named on stderr).
 Results resume: rerunning with the same --work-dir skips every test that already has an outcome.
 """
 
@@ -22,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from upstream_suite import baseline, report, tiers
+from upstream_suite import baseline, patch_tests, report, tiers
 from upstream_suite.classify import REGRESSION, compare
 from upstream_suite.execute import Side, Unit, run_unit
 from upstream_suite.outcomes import OutcomeMismatch, SideOutcomes
@@ -76,7 +79,7 @@ def pristine_python(given):
     return proc.stdout.strip().splitlines()[-1]
 
 
-def scratch_copy(tests_dir, work_dir, side_name, package_dir, tests_sha256):
+def scratch_copy(tests_dir, work_dir, side_name, package_dir, tests_sha256, added=()):
     """A copy of the tests laid out as in upstream's repository, for one side.
 
     Upstream's conftest puts the tests' parent directory on sys.path, so it must hold no deepspeed/
@@ -85,13 +88,15 @@ def scratch_copy(tests_dir, work_dir, side_name, package_dir, tests_sha256):
     their place. op_builder/ holds only that file, no package: were it importable, the accelerators would
     take it for a source checkout's op_builder and JIT-build every op from csrc/ by this tree's path, so
     ninja would rebuild each op the installed package built already (about a minute each).
+    ``added``: the patches' own test files (patch_tests), laid in beside upstream's.
     """
     root = work_dir / f"tree-{side_name}"
     marker = root / "SHA256"
-    stamp = f"{tests_sha256} {package_dir} op_builder/builder.py"
+    stamp = f"{tests_sha256} {package_dir} op_builder/builder.py {patch_tests.digest(added)}"
     if not (marker.exists() and marker.read_text() == stamp):
         shutil.rmtree(root, ignore_errors=True)
         shutil.copytree(tests_dir, root / "tests", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        patch_tests.lay_into(added, root / "tests")
         (root / "op_builder").mkdir()
         (root / "op_builder" / "builder.py").symlink_to(Path(package_dir) / "ops" / "op_builder" / "builder.py")
         (root / "csrc").symlink_to(Path(package_dir) / "ops" / "csrc")
@@ -99,15 +104,23 @@ def scratch_copy(tests_dir, work_dir, side_name, package_dir, tests_sha256):
     return root / "tests"
 
 
-def selected_units(args, tests_dir):
+def series_patches():
+    series = REPO / "patches" / "series"
+    names = [line.strip() for line in series.read_text().splitlines() if line.strip() and not line.startswith("#")]
+    return [REPO / "patches" / name for name in names]
+
+
+def selected_units(args, tests_dir, added):
     if args.files:
         return [Unit(path, args.keyword or "") for path in args.files]
+    if args.tier == "patch-tests":
+        return patch_tests.units(added)
     return tiers.units(args.tier, tests_dir)
 
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(prog="run-upstream-suite", description=__doc__.splitlines()[0])
-    parser.add_argument("--tier", choices=("patch", "full", "gpu"), default="patch")
+    parser.add_argument("--tier", choices=("patch", "full", "gpu", "patch-tests"), default="patch")
     parser.add_argument("--files", nargs="+", help="test files (relative to the tests dir) instead of a tier")
     parser.add_argument("-k", dest="keyword", help="pytest -k expression for --files")
     parser.add_argument("--tests", help=f"upstream's tests/ directory (default: ${TESTS_VAR}, ../shared/...)")
@@ -168,7 +181,8 @@ def run(args):
     results_dir = Path(args.results_dir).resolve() if args.results_dir else work_dir
     work_dir.mkdir(parents=True, exist_ok=True)
     tests_sha256 = baseline.tree_sha256(tests_dir)
-    units = selected_units(args, tests_dir)
+    added = patch_tests.patch_tests(series_patches())
+    units = selected_units(args, tests_dir, added)
     pin = load_pin()
 
     # Interpreters run from other directories: a relative path is taken from here (not resolved: a
@@ -223,7 +237,7 @@ def run(args):
                              package_sha256=baseline.tree_sha256(side.package_dir),
                              packages_sha256=hashlib.sha256("\n".join(info["packages"]).encode()).hexdigest())
         results[side.name] = SideOutcomes(results_dir / f"results-{side.name}.json", side_identity)
-        trees[side.name] = scratch_copy(tests_dir, work_dir, side.name, side.package_dir, tests_sha256)
+        trees[side.name] = scratch_copy(tests_dir, work_dir, side.name, side.package_dir, tests_sha256, added)
     echo = printer(args.quiet)
     for unit in units if not args.report_only else ():  # interleaved: a run stopped half way compares what it ran
         for side in sides:
@@ -265,7 +279,22 @@ def run(args):
     print(markdown)
     regressions = [row for row in rows if row.category == REGRESSION]
     print(f"{len(regressions)} regression(s); report: {report_md} (+ .json)")
+    if args.tier == "patch-tests" and not args.files:
+        return patch_test_verdicts(added, fork_tests, pristine_tests, report_md)
     return 1 if regressions else 0
+
+
+def patch_test_verdicts(added, fork_tests, pristine_tests, report_md):
+    """The patch-tests tier's own verdict: each patch's test fails on pristine and passes on the fork."""
+    rows = patch_tests.verdicts(added, fork_tests, pristine_tests)
+    table = patch_tests.as_markdown(rows)
+    verdicts_md = report_md.with_name("patch-tests.md")
+    verdicts_md.write_text(table + "\n")
+    print(table)
+    unproven = [test.path for test, _, _, ok in rows if not ok]
+    print(f"{len(rows) - len(unproven)} of {len(rows)} patch tests fail on pristine and pass on the fork"
+          f"{'; not proven: ' + ', '.join(unproven) if unproven else ''}; table: {verdicts_md}")
+    return 1 if unproven or not rows else 0
 
 
 def main(argv=None):
