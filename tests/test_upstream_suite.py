@@ -257,18 +257,11 @@ def upstream_tests_or_skip():
         pytest.skip(str(err))
 
 
-@pytest.mark.fork_only
-def test_patch_tier_has_no_regression(tmp_path, extensions_dir):
-    """Upstream's tests of what the patches touch: fork vs pristine 0.19.8's recorded outcomes.
-
-    The fork side loads its ops from the run's extensions directory, where this install built them
-    already in CI (the demo): their JIT builds would cost the patch tier minutes.
-    """
-    upstream_tests_or_skip()
-    report = tmp_path / "patch-tier.md"
+def run_tier(tier_args, tmp_path, extensions_dir, report):
+    """tools/run-upstream-suite with ``tier_args``, the fork's ops from ``extensions_dir``; must exit 0."""
     proc = subprocess.run([
         sys.executable,
-        str(REPO / "tools" / "run-upstream-suite"), "--tier", "patch", "--pristine-baseline", "--work-dir",
+        str(REPO / "tools" / "run-upstream-suite"), *tier_args, "--work-dir",
         str(tmp_path / "work"), "--fork-extensions-dir",
         str(extensions_dir), "--report",
         str(report), "--timeout", "300"
@@ -278,6 +271,18 @@ def test_patch_tier_has_no_regression(tmp_path, extensions_dir):
                           text=True)
     print(proc.stdout[-20000:])
     assert proc.returncode == 0, proc.stdout[-6000:]
+
+
+@pytest.mark.fork_only
+def test_patch_tier_has_no_regression(tmp_path, extensions_dir):
+    """Upstream's tests of what the patches touch: fork vs pristine 0.19.8's recorded outcomes.
+
+    The fork side loads its ops from the run's extensions directory, where this install built them
+    already in CI (the demo): their JIT builds would cost the patch tier minutes.
+    """
+    upstream_tests_or_skip()
+    report = tmp_path / "patch-tier.md"
+    run_tier(["--tier", "patch", "--pristine-baseline"], tmp_path, extensions_dir, report)
     summary = json.loads(report.with_suffix(".json").read_text())
     assert summary["categories"]["regression"] == 0
     assert summary["sides"]["fork"]["passed"] > 0, "the patch tier ran no passing test: nothing was checked"
@@ -291,19 +296,7 @@ def test_each_patch_test_fails_on_pristine_and_passes_on_the_fork(tmp_path, exte
     upstream_tests_or_skip()
     from helpers.pristine import pristine_python
     report = tmp_path / "patch-tests" / "report.md"
-    proc = subprocess.run([
-        sys.executable,
-        str(REPO / "tools" / "run-upstream-suite"), "--tier", "patch-tests", "--pristine-python",
-        pristine_python(), "--work-dir",
-        str(tmp_path / "work"), "--fork-extensions-dir",
-        str(extensions_dir), "--report",
-        str(report), "--timeout", "300"
-    ],
-                          stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT,
-                          text=True)
-    print(proc.stdout[-20000:])
-    assert proc.returncode == 0, proc.stdout[-6000:]
+    run_tier(["--tier", "patch-tests", "--pristine-python", pristine_python()], tmp_path, extensions_dir, report)
     assert "fails on pristine, passes on the fork" in (report.parent / "patch-tests.md").read_text()
 
 
