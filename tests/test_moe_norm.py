@@ -31,7 +31,7 @@ ALL_CASES = [(ranks, path, micro, gas) for ranks, splits in SPLITS.items() for p
 
 
 def fast(ranks, path):
-    """CI runs the ZeRO-0 paths (patch 0013's) on 2 ranks; the rest, and 4 ranks, with --run-slow (CI keeps
+    """CI runs the ZeRO-0 paths (patch 0017's) on 2 ranks; the rest, and 4 ranks, with --run-slow (CI keeps
     to its 30 minutes; tests/test_global_grad_norm.py runs MoE on ZeRO-1/2 besides)."""
     return ranks == 2 and path.startswith("zero0")
 
@@ -92,7 +92,7 @@ def test_one_collective_per_step(launched, case):
         assert result["collectives_in_boundary_step"] == 1, f"rank {rank}: {result}"
 
 
-# loss_normalization "per_item" (patches 0016 and 0019): samples of 0-3 items, the mean over every item of
+# loss_normalization "per_item" (patches 0020 and 0023): samples of 0-3 items, the mean over every item of
 # the global batch. CI runs the ZeRO-0 (engine all-reduce) and ZeRO-2 (norm collective) paths on 2 ranks.
 PER_ITEM_PATHS = [
     "zero0_fp32_per_item", "zero0_fp16_per_item", "zero1_bf16_fp32_accumulation_per_item", "zero1_fp32_per_item",

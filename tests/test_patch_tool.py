@@ -198,10 +198,11 @@ def test_rebase_onto_next_release(repo_copy, tmp_path):
 
 
 def test_rebase_reports_each_patch_applied_already_upstream_or_conflicting(repo_copy, tmp_path):
-    """A release that merged patch 0003's fix and rewrote the line patch 0009 changes: the report names
-    0003 already upstream, 0009 in conflict (in its file), every other patch applied."""
+    """A release that merged patch 0003's fix and rewrote the line the pipeline buffer patch (0013) changes:
+    the report names 0003 already upstream, 0013 in conflict (in its file), every other patch applied."""
     series = read_series(repo_copy)
-    merged, conflicting = series[2], series[8]
+    merged = series[2]
+    conflicting = next(patch for patch in series if "pipeline's gradient buffer" in patch.subject)
 
     def edit(tree):
         subprocess.run(["git", "apply", str(merged.path)], cwd=tree, check=True)

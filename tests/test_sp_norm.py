@@ -21,7 +21,7 @@ WORKER = REPO / "tests" / "workers" / "sp_norm.py"
 SPLITS = {2: [(8, 1), (4, 2)], 4: [(4, 1), (2, 2)]}
 PATHS = ["zero0_fp32", "zero1_fp32", "zero2_fp32"]
 ALL_CASES = [(ranks, f"{path}_sp2_m{m}_g{g}") for ranks in SPLITS for path in PATHS for m, g in SPLITS[ranks]]
-# loss_normalization "per_item" (patch 0019): samples of 0-3 items, each rank passes its chunk's loss sum
+# loss_normalization "per_item" (patch 0023): samples of 0-3 items, each rank passes its chunk's loss sum
 # and count; every SP and DP rank's items are distinct, so the counts simply add up.
 PER_ITEM_CASES = [(ranks, f"{path}_per_item_sp2_m{m}_g{g}") for ranks in SPLITS for path in PATHS
                   for m, g in SPLITS[ranks]]

@@ -62,6 +62,22 @@ def test_compare_names_the_reason():
     ]
 
 
+def test_a_file_pristine_cannot_collect_is_not_missing_on_the_fork():
+    """Pristine's one outcome for a file it cannot import (a new module) is its collection error; the fork
+    collects the file's tests: fixed when they pass, both-fail when one does not, never a regression.
+    A file the fork cannot collect while pristine ran its tests stays a regression."""
+    error = {"outcome": "error", "reason": "collection: ModuleNotFoundError"}
+    passed, failed = {"outcome": "passed", "reason": ""}, {"outcome": "failed", "reason": "AssertionError"}
+    rows = compare({"unit/t.py::a": passed, "unit/t.py::b": passed}, {"unit/t.py": error})
+    assert [(row.test_id, row.category) for row in rows] == [("unit/t.py", FIXED), ("unit/t.py::a", ONLY_FORK),
+                                                             ("unit/t.py::b", ONLY_FORK)]
+    rows = compare({"unit/t.py::a": passed, "unit/t.py::b": failed}, {"unit/t.py": error})
+    assert rows[0].category == BOTH_FAIL
+    rows = compare({"unit/t.py": error}, {"unit/t.py::a": passed})
+    assert {(row.test_id, row.category) for row in rows} == {("unit/t.py", ONLY_FORK), ("unit/t.py::a", REGRESSION)}
+    assert compare({}, {"unit/t.py": error})[0].category == REGRESSION
+
+
 SYNTHETIC_TESTS = '''
 import os
 import time
@@ -381,3 +397,46 @@ def test_every_patch_for_upstream_carries_a_test_that_compiles():
     for test in found:
         assert test.path.startswith("unit/"), test.path
         compile(test.content, test.path, "exec")
+
+
+@pytest.mark.slow
+@pytest.mark.fork_only
+def test_each_patch_passes_its_test_with_only_the_patches_before_it(tmp_path, extensions_dir):
+    """The prefixes tier: the PR bundles applied one by one on pristine 0.19.8 (git am), and after each,
+    that patch's own upstream-style test on the tree so far (about 25 minutes here; docs/patches.md)."""
+    upstream_tests_or_skip()
+    from helpers.pristine import pristine_python
+    report = tmp_path / "prefixes.md"
+    run_tier(["--tier", "prefixes", "--pristine-python", pristine_python()], tmp_path, tmp_path / "ext", report)
+    assert "| passes |" in report.read_text()
+
+
+def test_a_prefix_runs_its_own_package_and_fails_unless_every_test_of_its_patch_passed(tmp_path):
+    """A prefix's package comes first on the path of every process it starts; its verdict fails on a
+    failed, errored or missing test of its patch (a patch whose test needs a later patch fails here)."""
+    from upstream_suite.execute import child_environ
+    from upstream_suite.patch_tests import PatchTest
+    from upstream_suite.prefixes import Prefix, prefixes, side_of, verdict
+    bundles = [tmp_path / name for name in ("0001-Label", "0002-Fix-one", "0003-Fix-two")]
+    tests = [PatchTest("0002-Fix-one", "unit/test_one.py", ""), PatchTest("0003-Fix-two", "unit/test_two.py", "")]
+    found = prefixes(bundles, tests, not_for_upstream=("0001", ))
+    assert [(p.number, [t.path for t in p.tests]) for p in found] == [("0002", ["unit/test_one.py"]),
+                                                                      ("0003", ["unit/test_two.py"])]
+    side = side_of(found[0], sys.executable, tmp_path / "site", tmp_path / "ext")
+    env = child_environ(side, tmp_path / "events", 60, 8)
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == str(tmp_path / "site")
+    assert side.package_dir == str(tmp_path / "site" / "deepspeed")
+
+    def outcomes(*results):
+        recorded = SideOutcomes(None, {})
+        for test_id, outcome in results:
+            recorded.record(test_id, outcome, "", 0.0, test_id.split("::")[0])
+        return recorded
+
+    two = Prefix("0003", bundles[2], (tests[1], PatchTest("0003-Fix-two", "unit/test_three.py", "")))
+    passed = ("unit/test_two.py::test_a", "passed"), ("unit/test_three.py::test_b", "passed")
+    assert verdict(two, outcomes(*passed))[1]
+    assert not verdict(two, outcomes(passed[0], ("unit/test_three.py::test_b", "failed")))[1]
+    assert not verdict(two, outcomes(passed[0], ("unit/test_three.py::test_b", "error")))[1]
+    assert not verdict(two, outcomes(passed[0]))[1], "a test file that did not run is no pass"
+    assert not verdict(two, outcomes())[1]

@@ -6,7 +6,7 @@
 - a ``Signed-off-by:`` trailer (upstream's DCO check rejects a commit without one);
 - a ``Test:`` paragraph naming at least one test file that exists: ours (``tests/...py`` in this
   repository) or one the patch itself adds (``tests/unit/...py`` in upstream's tree);
-- a CHANGELOG.md entry naming it ("patch 0013", any case);
+- a CHANGELOG.md entry naming it ("patch 0017", any case);
 - for a patch meant for upstream (all but NOT_FOR_UPSTREAM): its own upstream-style test, a
   ``tests/unit/.../test_*.py`` file the patch adds and its ``Test:`` paragraph names, so that ``git am``
   of the one patch brings fix and test (``tools/run-upstream-suite --tier patch-tests`` runs them).

@@ -175,7 +175,7 @@ CASES["zero2_bf16_clip_per_item_variable_items"] = lambda: check(
     zero(2, gradient_clipping=0.5, **PER_ITEM, **SGD, **BF16), items="variable")
 CASES["zero3_fp32_per_item_variable_items"] = lambda: check(zero(3, **NO_CLIP, **PER_ITEM, **SGD), items="variable")
 CASES["zero1_fp32_mean_variable_items"] = lambda: check(zero(1, **NO_CLIP, **SGD), items="variable")
-# Without a ZeRO optimizer (patch 0019): the count's own all-reduce, divided in the engine's.
+# Without a ZeRO optimizer (patch 0023): the count's own all-reduce, divided in the engine's.
 CASES["zero0_fp32_clip_per_item_variable_items"] = lambda: check(zero(0, gradient_clipping=0.5, **PER_ITEM, **SGD),
                                                                  items="variable")
 CASES["zero1_bf16_fp32_accum_per_item_variable_items"] = lambda: check(

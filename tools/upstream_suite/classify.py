@@ -6,7 +6,9 @@
 A test is a **regression** when the fork does worse than pristine upstream: fails (or errors, times
 out, crashes) where pristine passes or skips, skips where pristine passes, or is missing where pristine
 has an outcome (the fork could not even collect it). Losing a passing test to a skip counts: the gate
-must never turn a lost check into a green line.
+must never turn a lost check into a green line. One exception to "missing": a file pristine could not
+collect at all (its one outcome is the file's collection error) whose tests the fork collects is not
+missing on the fork: it is fixed when they all pass there, a both-fail otherwise.
 """
 
 from collections import Counter
@@ -56,7 +58,15 @@ def compare(fork_tests, pristine_tests):
         fork = ours["outcome"] if ours else None
         pristine = theirs["outcome"] if theirs else None
         category = category_of(fork, pristine)
-        if ours is None:
+        collected_by_fork = [] if ours is not None or "::" in test_id else [
+            result for other, result in fork_tests.items() if other.startswith(test_id + "::")
+        ]
+        if collected_by_fork and kind_of(pristine) == "bad":
+            fork_ok = all(kind_of(result["outcome"]) == "ok" for result in collected_by_fork)
+            category = FIXED if fork_ok else BOTH_FAIL
+            reason = f"pristine could not collect the file; the fork ran its {len(collected_by_fork)} test(s): " + (
+                theirs["reason"] or "")
+        elif ours is None:
             reason = "not collected on the fork"
         elif category in (REGRESSION, ONLY_FORK) or theirs is None:
             reason = ours["reason"]

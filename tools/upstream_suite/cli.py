@@ -9,9 +9,13 @@
   tools/run-upstream-suite --files unit/comm/test_dist.py -k broadcast   any selection
   tools/run-upstream-suite --tier patch-tests                both sides: each patch's own upstream-style test
                                                              must fail on pristine and pass on the fork
+  tools/run-upstream-suite --tier prefixes                   the PR bundles applied one by one on pristine:
+                                                             each patch's test must pass with only the
+                                                             patches up to it (tools/upstream_suite/prefixes.py)
 
 Exit status: 0 no regression, 1 at least one regression (patch-tests: a patch's test not failing on
-pristine and passing on the fork), 2 a setup error (named on stderr).
+pristine and passing on the fork; prefixes: a patch's test failing on its prefix), 2 a setup error
+(named on stderr).
 Results resume: rerunning with the same --work-dir skips every test that already has an outcome.
 """
 
@@ -25,7 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-from upstream_suite import baseline, patch_tests, report, tiers
+from upstream_suite import baseline, patch_tests, prefixes, report, tiers
 from upstream_suite.classify import REGRESSION, compare
 from upstream_suite.execute import Side, Unit, run_unit
 from upstream_suite.outcomes import OutcomeMismatch, SideOutcomes
@@ -120,7 +124,7 @@ def selected_units(args, tests_dir, added):
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(prog="run-upstream-suite", description=__doc__.splitlines()[0])
-    parser.add_argument("--tier", choices=("patch", "full", "gpu", "patch-tests"), default="patch")
+    parser.add_argument("--tier", choices=("patch", "full", "gpu", "patch-tests", "prefixes"), default="patch")
     parser.add_argument("--files", nargs="+", help="test files (relative to the tests dir) instead of a tier")
     parser.add_argument("-k", dest="keyword", help="pytest -k expression for --files")
     parser.add_argument("--tests", help=f"upstream's tests/ directory (default: ${TESTS_VAR}, ../shared/...)")
@@ -182,8 +186,10 @@ def run(args):
     work_dir.mkdir(parents=True, exist_ok=True)
     tests_sha256 = baseline.tree_sha256(tests_dir)
     added = patch_tests.patch_tests(series_patches())
-    units = selected_units(args, tests_dir, added)
     pin = load_pin()
+    if args.tier == "prefixes" and not args.files:
+        return run_prefixes(args, tests_dir, work_dir, results_dir, tests_sha256, added, pin)
+    units = selected_units(args, tests_dir, added)
 
     # Interpreters run from other directories: a relative path is taken from here (not resolved: a
     # venv's python is a symlink whose target is outside the venv).
@@ -295,6 +301,78 @@ def patch_test_verdicts(added, fork_tests, pristine_tests, report_md):
     print(f"{len(rows) - len(unproven)} of {len(rows)} patch tests fail on pristine and pass on the fork"
           f"{'; not proven: ' + ', '.join(unproven) if unproven else ''}; table: {verdicts_md}")
     return 1 if unproven or not rows else 0
+
+
+def run_prefixes(args, tests_dir, work_dir, results_dir, tests_sha256, added, pin):
+    """The prefixes tier (tools/upstream_suite/prefixes.py): bundle k applied after 1..k-1 on pristine, then
+    patch k's own test on that tree, with the pristine interpreter."""
+    sys.path[:0] = [str(REPO), str(REPO / "tools")]
+    from gafix_build import BuildError
+    from patches import BASE_TAG, _committer, git, materialise
+    from pr_bundles import NOT_FOR_UPSTREAM, export_prs
+
+    python = os.path.abspath(pristine_python(args.pristine_python))
+    info = describe_python(python)
+    if info["deepspeed"] != pin["version"]:
+        raise SetupError(f"--pristine-python {python} has deepspeed {info['deepspeed']}, not pristine "
+                         f"{pin['version']} (upstream.json): the prefixes are laid over it")
+    tree = work_dir / "tree"
+    shutil.rmtree(tree, ignore_errors=True)
+    try:
+        bundles = export_prs(work_dir / "prs")
+        materialise(tree)
+    except BuildError as err:
+        raise SetupError(f"the PR bundles or the pristine tree could not be made: {err}") from err
+    git(tree, "checkout", "-q", "--detach", BASE_TAG)
+    extensions = Path(args.fork_extensions_dir or work_dir / "torch_extensions-prefixes").resolve()
+    wanted = {prefix.number: prefix for prefix in prefixes.prefixes(bundles, added, NOT_FOR_UPSTREAM)}
+    echo, rows = printer(args.quiet), []
+    for index, bundle in enumerate(bundles):
+        proc = git(tree,
+                   "am",
+                   "-q",
+                   "--keep-cr",
+                   "--whitespace=nowarn",
+                   str(bundle / "pr.mbox"),
+                   env=_committer(),
+                   check=False)
+        if proc.returncode != 0:
+            raise SetupError(f"{bundle.name}/pr.mbox does not apply with git am after the bundles before it: "
+                             f"{(proc.stderr.strip().splitlines() or ['?'])[0]}")
+        prefix = wanted.get(bundle.name[:4])
+        if prefix is None:
+            continue
+        identity = {
+            "tests_sha256": tests_sha256,
+            "bundles_sha256": prefixes.mbox_digest(bundles[:index + 1]),
+            "pristine_python": python,
+            "deepspeed": info["deepspeed"],
+            "torch": info["torch"],
+            "local_size": args.local_size,
+        }
+        outcomes = SideOutcomes(results_dir / f"results-prefix-{prefix.number}.json", identity)
+        todo = [unit for unit in prefixes.units(prefix) if unit.key not in outcomes.done_units]
+        if todo and not args.report_only:
+            # One path for every prefix: torch keys a JIT build by its sources and include paths, so an op
+            # whose sources a prefix leaves alone is not rebuilt (a minute each here).
+            site = prefixes.package_copy(tree, work_dir / "site")
+            side = prefixes.side_of(prefix, python, site, extensions)
+            # Every test file the prefix's bundles add is there, as in the tree: a patch's test may import
+            # an earlier patch's (0010-0012's import 0009's helpers); only the patch's own test runs.
+            laid = [test for test in added if test.number <= prefix.number]
+            scratch = scratch_copy(tests_dir, work_dir, side.name, side.package_dir, tests_sha256, laid)
+            for unit in todo:
+                run_unit(side, unit, scratch, outcomes, args.timeout, work_dir / "logs", args.local_size, echo)
+        rows.append((prefix, *prefixes.verdict(prefix, outcomes)))
+    table = prefixes.as_markdown(rows)
+    report_md = Path(args.report) if args.report else work_dir / "prefixes.md"
+    report_md.parent.mkdir(parents=True, exist_ok=True)
+    report_md.write_text(table + "\n")
+    print(table)
+    failing = [prefix.number for prefix, _, ok in rows if not ok]
+    print(f"{len(rows) - len(failing)} of {len(rows)} patches pass their own test with only the bundles up to "
+          f"them applied{'; failing: ' + ', '.join(failing) if failing else ''}; table: {report_md}")
+    return 1 if failing or not rows else 0
 
 
 def main(argv=None):

@@ -49,7 +49,8 @@ class Unit:
 def child_environ(side, events_path, timeout_s, local_size):
     env = {key: value for key, value in os.environ.items() if not key.startswith(("PYTEST_", "UPSTREAM_SUITE_"))}
     env.update(side.environ)
-    env["PYTHONPATH"] = str(TOOLS_DIR)
+    # The side's own path entries (a prefix's package: tools/upstream_suite/prefixes.py) come first.
+    env["PYTHONPATH"] = os.pathsep.join(entry for entry in (side.environ.get("PYTHONPATH"), str(TOOLS_DIR)) if entry)
     env["UPSTREAM_SUITE_EVENTS"] = str(events_path)
     env["TORCH_EXTENSIONS_DIR"] = str(side.extensions_dir)
     # DistributedTest's own worker timeout fires first when it can (a clean failure with a message).

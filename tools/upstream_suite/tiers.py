@@ -30,20 +30,20 @@ def _covered(path, patches, what, keyword=""):
 # with many slow distributed cases are narrowed with -k to the cases that run the patched code; the
 # full tier runs every case of every file.
 PATCH_TIER = (
-    _covered("unit/runtime/test_runtime_utils.py", "0003 0008", "clip_grad_norm_ and CheckOverflow (utils.py)"),
-    _covered("unit/runtime/test_precision_config_dynamic_scale.py", "0005 0010",
+    _covered("unit/runtime/test_runtime_utils.py", "0003 0011", "clip_grad_norm_ and CheckOverflow (utils.py)"),
+    _covered("unit/runtime/test_precision_config_dynamic_scale.py", "0005 0014",
              "dynamic loss scale settings (fp16 config)"),
     _covered("unit/runtime/test_precision_config_loss_scale.py", "0004", "static loss scale settings (fp16 config)"),
-    _covered("unit/v1/half_precision/test_gradient_clipping_default.py", "0003 0008",
+    _covered("unit/v1/half_precision/test_gradient_clipping_default.py", "0003 0011 0012",
              "the default gradient clipping, end to end"),
     _covered("unit/runtime/pipe/test_pipe.py",
-             "0003 0008 0009 0018 0019",
-             "pipeline gradient accumulation scaling; dynamic shapes through the pipeline's buffers (0018: the "
-             "loss aggregation of mean mode, unchanged; 0019: the ZeRO-0 gradient all-reduce of mean mode)",
+             "0003 0012 0013 0022 0023",
+             "pipeline gradient accumulation scaling; dynamic shapes through the pipeline's buffers (0022: the "
+             "loss aggregation of mean mode, unchanged; 0023: the ZeRO-0 gradient all-reduce of mean mode)",
              keyword="TestPipeGradientAccumulationScaling or (TestPipeDynamicShape and topo_config1)"),
     _covered("unit/runtime/test_no_sync_ctxt.py",
-             "0002 0006 0016 0017",
-             "no_sync and engine.backward on ZeRO-1/3 (the shm comm op at init; 0016/0017: the ZeRO steps in "
+             "0002 0006 0009 0020 0021",
+             "no_sync and engine.backward on ZeRO-1/3 (the shm comm op at init; 0020/0021: the ZeRO steps in "
              "mean mode)",
              keyword="test_zero_stage[3-dtype2] or test_engine_step[1-dtype2] or test_reentry"),
     _covered("unit/comm/test_dist.py",
@@ -51,39 +51,39 @@ PATCH_TIER = (
              "deepspeed.comm all-reduce and the shm inference_all_reduce",
              keyword="TestInit or (TestDistAllReduce and 3) or (TestDistInferenceAllReduce and 128-dtype1)"),
     _covered("unit/v1/moe/test_moe.py",
-             "0008 0013",
+             "0009 0017",
              "MoE expert gradients with ZeRO 0/1/2",
              keyword="TestExpertWeightGradWithZero"),
-    _covered("unit/v1/zero/test_zero_cpu_offload_grad_accum.py", "0008 0016",
-             "ZeRO offload with gradient accumulation (0016: its mean mode, unchanged)"),
-    _covered("unit/runtime/test_multi_output_model.py", "0006 0016 0019",
-             "engine.backward of several losses under GAS (0019: bf16 ZeRO-0's gradient all-reduce, mean mode)"),
+    _covered("unit/v1/zero/test_zero_cpu_offload_grad_accum.py", "0009 0020",
+             "ZeRO offload with gradient accumulation (0020: its mean mode, unchanged)"),
+    _covered("unit/runtime/test_multi_output_model.py", "0006 0020 0023",
+             "engine.backward of several losses under GAS (0023: bf16 ZeRO-0's gradient all-reduce, mean mode)"),
     _covered("unit/v1/accelerator/test_accelerator.py", "0007",
              "every accelerator (the CPU one included) is complete"),
-    _covered("unit/ops/test_op_builder.py", "0011 0012", "the op builder (JIT arch lists, compatibility probes)"),
+    _covered("unit/ops/test_op_builder.py", "0015 0016", "the op builder (JIT arch lists, compatibility probes)"),
 )
 
 # Upstream files that reach patched code but stay out of the CI tier (the full tier runs them), and why.
 FULL_TIER_COVERAGE = (
     _covered(
-        "unit/v1/zero/test_zero2_offload_multi_backward.py", "0006 0008",
+        "unit/v1/zero/test_zero2_offload_multi_backward.py", "0006 0009",
         "ZeRO-2 offload with several backward calls and GAS > 1: JIT-builds CPUAdam first (about 130 s of "
         "CI's budget); tests/test_engine_updates.py and test_gas_check.py cover offload under GAS"),
     _covered(
-        "unit/runtime/half_precision/test_zero_optim_overflow.py", "0005 0008",
+        "unit/runtime/half_precision/test_zero_optim_overflow.py", "0005 0009 0010",
         "ZeRO overflow detection: the bf16 cases JIT-build FusedAdam first (about 160 s of CI's budget); "
         "tests/test_global_grad_norm.py covers ZeRO-2/3 overflow"),
-    _covered("unit/runtime/zero/test_zero_grad_clip.py", "0008 0017",
+    _covered("unit/runtime/zero/test_zero_grad_clip.py", "0010 0021",
              "ZeRO-3 grad clipping and norm groups: each case JIT-builds an Adam op, about 100 s here"),
-    _covered("unit/v1/half_precision/test_bf16.py", "0008 0014",
+    _covered("unit/v1/half_precision/test_bf16.py", "0008 0009 0018",
              "bf16 gradients against DDP: skip on a CPU (they ask for CUDA and NCCL); GPU tier"),
     _covered(
-        "unit/checkpoint/test_pipeline.py", "0008 0009",
+        "unit/checkpoint/test_pipeline.py", "0009 0012 0013",
         "pipeline checkpoints: fail on pristine 0.19.8 too on a CPU (fp16; PipelineEngine has no "
         "sparse_tensor_module_names); tests/test_checkpoint_swap.py covers the pipeline instead"),
-    _covered("unit/ops/muon/test_muon.py", "0015",
+    _covered("unit/ops/muon/test_muon.py", "0019",
              "Muon on ZeRO 1-3, fp16, clipping 1.0: skips on a CPU (no fp16 there); GPU tier"),
-    _covered("unit/checkpoint/test_moe_checkpoint.py", "0008 0013",
+    _covered("unit/checkpoint/test_moe_checkpoint.py", "0009 0017",
              "MoE checkpoints: fp16 only, fail on pristine 0.19.8 too on a CPU; GPU tier"),
 )
 
@@ -92,8 +92,9 @@ UNCOVERED = {
     "0001": "the version label and ds_report section: no upstream test reads them",
     "0004": "fp16 ZeRO-0 loss scaling: upstream's fp16 training tests (half_precision/) skip on a CPU; GPU tier",
     "0005": "fp16 loss-scale growth: upstream's fp16 training tests skip on a CPU; GPU tier",
-    "0010": "fp16 ZeRO-0 optimizers' construction: upstream's fp16 training tests skip on a CPU; GPU tier",
-    "0014": "BF16_Optimizer's and the fp16 ZeRO-0 optimizers' clipping step: upstream tests them on CUDA; GPU tier",
+    "0008": "BF16_Optimizer's norm: upstream tests it on CUDA (GPU tier); its helper runs under 0009-0012's",
+    "0014": "fp16 ZeRO-0 optimizers' construction: upstream's fp16 training tests skip on a CPU; GPU tier",
+    "0018": "BF16_Optimizer's and the fp16 ZeRO-0 optimizers' clipping step: upstream tests them on CUDA; GPU tier",
 }
 
 # Directories left out of the full tier: they need CUDA kernels (they skip or fail to import on a CPU).
