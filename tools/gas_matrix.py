@@ -10,6 +10,7 @@ another environment, pristine upstream's:
 
     python tools/gas_matrix.py                                        # the installed fork
     build/upstream-venv-0.19.8/bin/python tools/gas_matrix.py         # after tools/test-against-upstream
+    python tools/gas_matrix.py --parallel                             # MoE, Ulysses SP, AutoTP rows instead
 """
 
 import argparse
@@ -21,6 +22,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 
 from helpers.launch import launch_cases  # noqa: E402
+
+sys.path.insert(0, str(REPO / "tools"))
+import parallel_matrix  # noqa: E402
 
 
 def cell(row):
@@ -45,8 +49,14 @@ def first_diagnosis(rows):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--extensions-dir", help="TORCH_EXTENSIONS_DIR to reuse (default: a fresh one)")
+    parser.add_argument(
+        "--parallel",
+        action="store_true",
+        help="the MoE, Ulysses SP and AutoTP rows (tools/parallel_matrix.py) instead of the engine paths")
     args = parser.parse_args()
     import deepspeed
+    if args.parallel:
+        return print_parallel(args.extensions_dir, deepspeed.__version__)
     with tempfile.TemporaryDirectory() as tmp:
         result = launch_cases(REPO / "tests" / "workers" / "gas_checker.py",
                               nprocs=2,
@@ -66,6 +76,18 @@ def main():
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
     print("\n".join(lines))
+
+
+def print_parallel(extensions_dir, version):
+    print(f"deepspeed {version}, 2 CPU ranks, splits of one global batch of 8 samples\n")
+    with tempfile.TemporaryDirectory() as tmp:
+        for prefix, worker, what in parallel_matrix.WORKERS:
+            result = launch_cases(parallel_matrix.WORKERS_DIR / worker,
+                                  nprocs=2,
+                                  extensions_dir=extensions_dir or tmp,
+                                  timeout=1800)
+            table, splits = parallel_matrix.rows(prefix, result.ranks)
+            print(parallel_matrix.markdown(what, table, splits, version) + "\n", flush=True)
 
 
 if __name__ == "__main__":
