@@ -77,6 +77,11 @@ def commit_upstream(tree, pin, message_extra=""):
     git(tree, "commit", "-q", "--allow-empty", "--no-verify", "-m", message, env=_UPSTREAM_IDENTITY)
 
 
+def apply_mbox(tree, patch_path):
+    """``git am`` one format-patch or PR bundle mbox on ``tree``, as the series is applied; the process result."""
+    return git(tree, "am", "-q", "--keep-cr", "--whitespace=nowarn", str(patch_path), env=_committer(), check=False)
+
+
 def materialise(tree, repo=REPO, environ=os.environ):
     tree = Path(tree).resolve()
     if tree.exists():
@@ -90,14 +95,7 @@ def materialise(tree, repo=REPO, environ=os.environ):
     commit_upstream(tree, pin)
     git(tree, "tag", BASE_TAG)
     for patch in patches:
-        proc = git(tree,
-                   "am",
-                   "-q",
-                   "--keep-cr",
-                   "--whitespace=nowarn",
-                   str(patch.path),
-                   env=_committer(),
-                   check=False)
+        proc = apply_mbox(tree, patch.path)
         if proc.returncode != 0:
             git(tree, "am", "--abort", check=False)
             raise BuildError(f"patches/{patch.name} does not apply with git am: {proc.stderr.strip().splitlines()[0]}")

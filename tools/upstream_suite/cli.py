@@ -308,7 +308,7 @@ def run_prefixes(args, tests_dir, work_dir, results_dir, tests_sha256, added, pi
     patch k's own test on that tree, with the pristine interpreter."""
     sys.path[:0] = [str(REPO), str(REPO / "tools")]
     from gafix_build import BuildError
-    from patches import BASE_TAG, _committer, git, materialise
+    from patches import BASE_TAG, apply_mbox, git, materialise
     from pr_bundles import NOT_FOR_UPSTREAM, export_prs
 
     python = os.path.abspath(pristine_python(args.pristine_python))
@@ -328,14 +328,7 @@ def run_prefixes(args, tests_dir, work_dir, results_dir, tests_sha256, added, pi
     wanted = {prefix.number: prefix for prefix in prefixes.prefixes(bundles, added, NOT_FOR_UPSTREAM)}
     echo, rows = printer(args.quiet), []
     for index, bundle in enumerate(bundles):
-        proc = git(tree,
-                   "am",
-                   "-q",
-                   "--keep-cr",
-                   "--whitespace=nowarn",
-                   str(bundle / "pr.mbox"),
-                   env=_committer(),
-                   check=False)
+        proc = apply_mbox(tree, bundle / "pr.mbox")
         if proc.returncode != 0:
             raise SetupError(f"{bundle.name}/pr.mbox does not apply with git am after the bundles before it: "
                              f"{(proc.stderr.strip().splitlines() or ['?'])[0]}")
