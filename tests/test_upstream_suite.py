@@ -162,6 +162,30 @@ def test_runner_records_every_outcome_and_survives_hangs_and_crashes(tmp_path):
         SideOutcomes(tmp_path / "results.json", {"who": "someone else"})
 
 
+def test_a_fork_built_from_another_commit_resumes_but_other_code_or_packages_do_not(tmp_path):
+    """The full tier takes several sittings, on whatever machine each gets: the same code built from another
+    commit (only the build's git stamp differs) resumes; a changed module or package does not, and the
+    refusal names the packages that differ and how to install the recorded ones."""
+    from upstream_suite.cli import side_identity
+    package = tmp_path / "deepspeed"
+    package.mkdir()
+    (package / "engine.py").write_text("x = 1\n")
+    (package / "git_version_info_installed.py").write_text("git_hash = 'abc'\n")
+    identity = {key: "same" for key in baseline.KEYS}
+    info = {"deepspeed": "0.19.8+gafix.3", "packages": ["tabulate==0.10.0", "torch==2.13.0+cpu"]}
+    recorded = side_identity(identity, info, package)
+    SideOutcomes(tmp_path / "results.json", recorded).save()
+
+    (package / "git_version_info_installed.py").write_text("git_hash = 'def'\ngit_branch = 'other'\n")
+    SideOutcomes(tmp_path / "results.json", side_identity(identity, info, package))  # resumes
+    with pytest.raises(OutcomeMismatch, match=r"only recorded \['tabulate==0.10.0'\].*pip install tabulate==0.10.0"):
+        SideOutcomes(tmp_path / "results.json",
+                     side_identity(identity, dict(info, packages=["torch==2.13.0+cpu"]), package))
+    (package / "engine.py").write_text("x = 2\n")
+    with pytest.raises(OutcomeMismatch, match="package_sha256"):
+        SideOutcomes(tmp_path / "results.json", side_identity(identity, info, package))
+
+
 def test_an_unfinished_unit_resumes_without_rerunning_what_has_an_outcome(tmp_path):
     tests = synthetic_tree(tmp_path)
     side = Side("fork", sys.executable, tmp_path / "ext", package_dir=str(tmp_path))

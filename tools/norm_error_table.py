@@ -5,7 +5,7 @@
 """Print, as a Markdown table, the grad norm and update errors against fp64 of a norm worker's engine
 paths, on the fork and on pristine upstream side by side (docs/grad_norm.md's MoE table).
 
-The worker (tests/workers/moe_norm.py) reports per case and rank ``norm``, ``reference_norm``,
+The worker (tests/workers/moe_norm.py, or moe_tp_norm.py with ``--worker moe_tp``) reports per case and rank ``norm``, ``reference_norm``,
 ``update_error`` and ``collectives_in_boundary_step``; case names are ``<path>_m<micro>_g<gas>``. Each
 cell is the largest error over the splits and ranks (collectives: every value seen).
 
@@ -22,7 +22,11 @@ sys.path.insert(0, str(REPO / "tests"))
 
 from helpers.launch import launch_cases  # noqa: E402
 
-WORKERS = {"moe": REPO / "tests" / "workers" / "moe_norm.py"}
+WORKERS = {
+    "moe": REPO / "tests" / "workers" / "moe_norm.py",
+    # case names <layout>_<path>_m<micro>_g<gas>: a row per layout and path
+    "moe_tp": REPO / "tests" / "workers" / "moe_tp_norm.py",
+}
 
 
 def summarise(launched):

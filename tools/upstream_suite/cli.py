@@ -20,7 +20,6 @@ Results resume: rerunning with the same --work-dir skips every test that already
 """
 
 import argparse
-import hashlib
 import json
 import os
 import shutil
@@ -69,6 +68,23 @@ def describe_python(python):
         raise SetupError(
             f"{python} cannot import deepspeed, torch and pytest: {proc.stderr.strip().splitlines()[-1:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# Written by the build: its git hash and branch. The same code built from another commit, clone or machine
+# gives the same outcomes, so it is not hashed (the version label is part of the identity).
+BUILD_STAMP = ("git_version_info_installed.py", )
+
+
+def side_identity(identity, info, package_dir):
+    """What one side's outcomes depend on: the tests, the environment and that side's own code (so
+    pristine's survive a new fork build, and a rebuilt fork with an unchanged label but other code does
+    not resume). The installed packages are kept as a list, so another machine can install the same
+    (docs/upstream_suite.md) and a refusal names what differs."""
+    recorded = {key: identity[key] for key in baseline.KEYS if key != "pristine_version"}
+    recorded.update(deepspeed=info["deepspeed"],
+                    package_sha256=baseline.tree_sha256(package_dir, leave_out=BUILD_STAMP),
+                    packages=list(info["packages"]))
+    return recorded
 
 
 def pristine_python(given):
@@ -237,12 +253,8 @@ def run(args):
     for side in sides:
         # What this side's outcomes depend on: the tests, the environment and this side's own code (so
         # pristine's survive a new fork build, and a rebuilt fork with an unchanged label does not resume).
-        side_identity = {key: identity[key] for key in baseline.KEYS if key != "pristine_version"}
-        info = infos[side.name]
-        side_identity.update(deepspeed=info["deepspeed"],
-                             package_sha256=baseline.tree_sha256(side.package_dir),
-                             packages_sha256=hashlib.sha256("\n".join(info["packages"]).encode()).hexdigest())
-        results[side.name] = SideOutcomes(results_dir / f"results-{side.name}.json", side_identity)
+        results[side.name] = SideOutcomes(results_dir / f"results-{side.name}.json",
+                                          side_identity(identity, infos[side.name], side.package_dir))
         trees[side.name] = scratch_copy(tests_dir, work_dir, side.name, side.package_dir, tests_sha256, added)
     echo = printer(args.quiet)
     for unit in units if not args.report_only else ():  # interleaved: a run stopped half way compares what it ran

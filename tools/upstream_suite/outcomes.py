@@ -30,6 +30,13 @@ class OutcomeMismatch(Exception):
     """A results file was produced by another setup than the one asked to resume it."""
 
 
+def _difference(key, old, new):
+    if isinstance(old, list) and isinstance(new, list):  # e.g. the installed packages: what differs
+        return (f"{key}: only recorded {sorted(set(old) - set(new))}, only now {sorted(set(new) - set(old))} "
+                f"(recorded: pip install {' '.join(old)})")
+    return f"{key}: recorded {old!r}, now {new!r}"
+
+
 class SideOutcomes:
     """Outcomes of one side: ``tests`` maps a test id to {outcome, reason, duration, unit}."""
 
@@ -46,7 +53,7 @@ class SideOutcomes:
         stored = data.get("identity", {})
         differs = {key: (stored.get(key), value) for key, value in self.identity.items() if stored.get(key) != value}
         if differs:
-            detail = "; ".join(f"{key}: recorded {old!r}, now {new!r}" for key, (old, new) in sorted(differs.items()))
+            detail = "; ".join(_difference(key, old, new) for key, (old, new) in sorted(differs.items()))
             raise OutcomeMismatch(f"{self.path} was recorded with another setup ({detail}): "
                                   "remove it or pass another --work-dir to start afresh")
         self.tests = data.get("tests", {})

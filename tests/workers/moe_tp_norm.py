@@ -1,0 +1,311 @@
+# SPDX-License-Identifier: Apache-2.0
+
+# DeepSpeed Team
+"""Rank worker: the global grad norm and the update of an MoE network under tensor parallelism, at
+several splits of one global batch of 8 samples (micro-batch x GAS x data-parallel ranks), against fp64
+PyTorch on the whole batch.
+
+Megatron's layout through an mpu: tensor-parallel groups of consecutive ranks, data-parallel groups
+strided. The dense layers are not split (every dense parameter is a tensor-parallel replica, as in
+upstream's own mpu tests), so the ranks of one tensor-parallel group see the same samples. The MoE
+layer has 2 experts and runs as DeepSpeed lays it out:
+
+- ``ep2``: expert parallel 2, experts not tensor-parallel (the MoE layer's default). The expert groups
+  are built without the mpu (consecutive ranks), so an expert-parallel group holds the tensor-parallel
+  ranks of one data-parallel rank; each of them routes only its share of the capacity (the layer's
+  drop_tokens), so each expert sees every token once and each rank holds a different expert.
+- ``ep1``: expert parallel 1, experts not tensor-parallel: every rank holds both experts, each
+  tensor-parallel rank again computes them on its share of the capacity only.
+- ``ep1_expert_tp``: ``enable_expert_tensor_parallelism``, groups built from the mpu: the tokens are
+  gathered back before the experts, so the tensor-parallel ranks compute the same expert gradients
+  (plain linear experts, not split: replicas).
+
+Case names are ``<layout>_<path>_m<micro>_g<gas>``.
+"""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+import deepspeed  # noqa: E402
+import deepspeed.comm as dist  # noqa: E402
+from helpers.collectives import CollectiveCounter  # noqa: E402
+from helpers.rank_cases import run_cases  # noqa: E402
+from helpers.small_model import IN, OUT, global_batch, micro_batches, mse, rank_share  # noqa: E402
+
+GLOBAL_BATCH = 8
+TP = 2
+HIDDEN = 16
+NUM_EXPERTS = 2
+LR, CLIP = 0.1, 1.0
+FP16 = {"fp16": {"enabled": True, "initial_scale_power": 8}}
+
+# layout -> (ep_size, enable_expert_tensor_parallelism)
+LAYOUTS = {"ep2": (2, False), "ep1": (1, False), "ep1_expert_tp": (1, True)}
+# path -> (config, ZeRO stage)
+PATHS = {
+    "zero0_fp32": ({}, 0),
+    "zero0_fp16": (FP16, 0),  # FP16_UnfusedOptimizer
+    "zero1_fp32": ({}, 1),
+    "zero2_fp32": ({}, 2),
+}
+
+
+class TensorParallelGrid:
+    """An mpu in Megatron's layout: tensor-parallel groups [0, 1], [2, 3], ...; data-parallel groups
+    [0, 2, ...], [1, 3, ...]. Every rank creates every group, in the same order."""
+
+    def __init__(self, tp):
+        world, rank = dist.get_world_size(), dist.get_rank()
+        self.tp, self.rank = tp, rank
+        for start in range(0, world, tp):
+            ranks = list(range(start, start + tp))
+            group = dist.new_group(ranks)
+            if rank in ranks:
+                self.tp_group = group
+        for offset in range(tp):
+            ranks = list(range(offset, world, tp))
+            group = dist.new_group(ranks)
+            if rank in ranks:
+                self.dp_group, self.dp_ranks = group, ranks
+
+    def get_model_parallel_rank(self):
+        return self.rank % self.tp
+
+    def get_model_parallel_world_size(self):
+        return self.tp
+
+    def get_model_parallel_group(self):
+        return self.tp_group
+
+    def get_data_parallel_rank(self):
+        return self.rank // self.tp
+
+    def get_data_parallel_world_size(self):
+        return len(self.dp_ranks)
+
+    def get_data_parallel_group(self):
+        return self.dp_group
+
+    def get_data_parallel_group_ranks(self):
+        return self.dp_ranks
+
+
+class MoETPNet(torch.nn.Module):
+    """Linear, a top-1 MoE layer of 2 experts (no token dropped: routing a rank's samples equals routing
+    the whole batch), linear. Expert ``e`` starts from the shared weights plus ``0.1 * (e + 1)``."""
+
+    def __init__(self, ep_size, expert_tp, seed=0):
+        super().__init__()
+        from deepspeed.moe.layer import MoE
+        torch.manual_seed(seed)
+        self.inp = torch.nn.Linear(IN, HIDDEN)
+        # Capacity = the rank's tokens (capacity factor = the number of experts), at least TP: no token is
+        # dropped, and the capacity splits evenly over the tensor-parallel ranks. (drop_tokens=False would
+        # not pad the capacity to TP under expert tensor parallelism, and the layer's split then asserts.)
+        self.moe = MoE(hidden_size=HIDDEN,
+                       expert=torch.nn.Linear(HIDDEN, HIDDEN),
+                       num_experts=NUM_EXPERTS,
+                       ep_size=ep_size,
+                       k=1,
+                       capacity_factor=float(NUM_EXPERTS),
+                       min_capacity=TP,
+                       drop_tokens=True,
+                       use_rts=False,
+                       enable_expert_tensor_parallelism=expert_tp)
+        self.out = torch.nn.Linear(HIDDEN, OUT)
+        self.ep_size = ep_size
+        # DeepSpeed builds the expert groups in deepspeed.initialize; the experts' weights must differ
+        # before it copies them (fp32 master weights, ZeRO partitions). ep2 groups are consecutive ranks
+        # (checked by ep_rank once built); ep1 holds both experts everywhere.
+        self.expected_ep_rank = dist.get_rank() % ep_size
+        self.offset_experts(self.expected_ep_rank)
+
+    def local_experts(self):
+        return list(self.moe.deepspeed_moe.experts.deepspeed_experts)
+
+    def ep_rank(self):
+        from deepspeed.utils import groups
+        rank = dist.get_rank(group=groups._get_expert_parallel_group(self.moe.expert_group_name))
+        assert rank == self.expected_ep_rank, f"expert-parallel rank {rank}, expected {self.expected_ep_rank}"
+        return rank
+
+    def global_expert_index(self, local):
+        return self.ep_rank() * len(self.local_experts()) + local
+
+    def offset_experts(self, ep_rank):
+        with torch.no_grad():
+            for local, expert in enumerate(self.local_experts()):
+                for param in expert.parameters():
+                    param.add_(0.1 * (ep_rank * len(self.local_experts()) + local + 1))
+
+    def dense(self):
+        return [self.inp.weight, self.inp.bias, self.moe.deepspeed_moe.gate.wg.weight, self.out.weight, self.out.bias]
+
+    def own(self):
+        """This rank's parameters, in the order of ``reference_grads``."""
+        return self.dense() + [p for expert in self.local_experts() for p in (expert.weight, expert.bias)]
+
+    def forward(self, x):
+        return self.out(self.moe(torch.relu(self.inp(x)))[0])
+
+
+def fp64_gradients(model, inputs, targets):
+    """fp64 gradients of the mean-square loss over the whole batch: (dense, experts[e] = [weight, bias])."""
+    from deepspeed.utils import groups
+    group = groups._get_expert_parallel_group(model.moe.expert_group_name)
+
+    def gathered(tensors):
+        parts = []
+        for tensor in tensors:
+            tensor = tensor.detach().float().contiguous()
+            ranks = [torch.empty_like(tensor) for _ in range(dist.get_world_size(group=group))]
+            dist.all_gather(ranks, tensor, group=group)
+            parts.append(ranks)
+        # global expert index = ep rank * local experts + local index
+        return [part.double().requires_grad_(True) for ep in zip(*parts) for part in ep]
+
+    weights = gathered([expert.weight for expert in model.local_experts()])
+    biases = gathered([expert.bias for expert in model.local_experts()])
+    dense = [p.detach().double().requires_grad_(True) for p in model.dense()]
+    inp_w, inp_b, gate_w, out_w, out_b = dense
+    hidden = torch.relu(inputs.double() @ inp_w.T + inp_b)
+    probs = torch.softmax(hidden @ gate_w.T, dim=1)
+    chosen = probs.argmax(dim=1)
+    experts = torch.stack([hidden @ w.T + b for w, b in zip(weights, biases)], dim=1)
+    mixed = probs.gather(1, chosen[:, None]) * experts[torch.arange(len(inputs)), chosen]
+    torch.nn.functional.mse_loss(mixed @ out_w.T + out_b, targets.double()).backward()
+    return [p.grad for p in dense], [[w.grad, b.grad] for w, b in zip(weights, biases)]
+
+
+def config(path, micro, gas):
+    extra, stage = PATHS[path]
+    cfg = {
+        "train_micro_batch_size_per_gpu": micro,
+        "gradient_accumulation_steps": gas,
+        "optimizer": {
+            "type": "SGD",
+            "params": {
+                "lr": LR
+            }
+        },
+        "zero_allow_untested_optimizer": True,
+        "gradient_clipping": CLIP,
+        "zero_optimization": {
+            "stage": stage
+        },
+    }
+    cfg.update(extra)
+    return cfg
+
+
+def forget_expert_groups():
+    """DeepSpeed keeps expert groups by name (``ep_size_1`` for both ep1 layouts) for the process's
+    life: each case builds its own layout."""
+    from deepspeed.utils import groups
+    for table in (groups._EXPERT_PARALLEL_GROUP, groups._EXPERT_PARALLEL_GROUP_RANKS,
+                  groups._EXPERT_DATA_PARALLEL_GROUP, groups._EXPERT_DATA_PARALLEL_GROUP_RANKS):
+        table.clear()
+    groups.expert_tensor_parallel_world_size = 1
+
+
+def case(layout, path, micro, gas):
+
+    def run():
+        from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
+        ep_size, expert_tp = LAYOUTS[layout]
+        forget_expert_groups()
+        mpu = TensorParallelGrid(TP)
+        model = MoETPNet(ep_size, expert_tp)
+        param_groups = split_params_into_different_moe_groups_for_optimizer({
+            "params": list(model.parameters()),
+            "name": "dense"
+        })
+        cfg = config(path, micro, gas)
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=param_groups, config=cfg, mpu=mpu)
+        module = engine.module
+        dtype = next(module.parameters()).dtype
+        inputs, targets = global_batch(GLOBAL_BATCH)
+        inputs = inputs.to(dtype).float()  # the engine sees these values: the reference too
+        dense_grads, expert_grads = fp64_gradients(module, inputs, targets)
+        flat = [g.flatten() for g in dense_grads] + [g.flatten() for pair in expert_grads for g in pair]
+        reference_norm = float(torch.linalg.vector_norm(torch.cat(flat)))
+        before = [p.detach().double().clone() for p in module.own()]
+
+        dp_world, dp_rank = mpu.get_data_parallel_world_size(), mpu.get_data_parallel_rank()
+        per_rank = GLOBAL_BATCH // dp_world
+        assert per_rank == micro * gas, f"split {micro} x {gas} x {dp_world} != {GLOBAL_BATCH}"
+        x, y = rank_share(inputs, targets, dp_rank, per_rank)  # tensor-parallel ranks: the same samples
+        counts = []
+        for batch, target in micro_batches(x, y, micro, gas, dtype=dtype):
+            engine.backward(mse(engine(batch), target))
+            with CollectiveCounter() as counter:
+                engine.step()
+            counts.append(len(counter.calls))
+        norm = engine.get_global_grad_norm()
+        after = [p.detach().double() for p in module.own()]
+        locals_ = [module.global_expert_index(i) for i in range(len(module.local_experts()))]
+        engine.destroy()
+
+        coef = min(1.0, CLIP / (reference_norm + 1e-6))
+        reference_grads = dense_grads + [g for e in locals_ for g in expert_grads[e]]
+        expected = [(w - LR * coef * g).to(dtype).double() for w, g in zip(before, reference_grads)]
+        gap = torch.cat([(a - e).flatten() for a, e in zip(after, expected)])
+        step = torch.cat([(e - b).flatten() for e, b in zip(expected, before)])
+        n_dense = len(dense_grads)
+        expert_gap = torch.cat([(a - e).flatten() for a, e in zip(after[n_dense:], expected[n_dense:])])
+        expert_step = torch.cat([(e - b).flatten() for e, b in zip(expected[n_dense:], before[n_dense:])])
+        return {
+            "optimizer": type(engine.optimizer).__name__,
+            "experts_held": locals_,
+            "collectives_in_boundary_step": counts[-1],
+            "norm": None if norm is None else float(norm),
+            "reference_norm": reference_norm,
+            "clip_coefficient": coef,
+            "update_error": float(gap.norm() / step.norm()),
+            "expert_update_error": float(expert_gap.norm() / expert_step.norm()),
+        }
+
+    return run
+
+
+def splits(world_size):
+    """micro x GAS of a data-parallel rank's share; a micro-batch holds at least TP samples (the MoE layer
+    wants at least min_capacity tokens)."""
+    per_rank = GLOBAL_BATCH // (world_size // TP)
+    return [(micro, per_rank // micro) for micro in (per_rank, per_rank // 2, per_rank // 4) if micro >= TP]
+
+
+def shape_gathers_for_gloo():
+    """The MoE layer gathers its tokens over the tensor-parallel ranks into a flat buffer
+    (deepspeed/moe/mappings.py), which NCCL takes; gloo wants the output shaped as the inputs stacked
+    along dim 0 (else: "ProcessGroupGloo::allgather: invalid tensor size"). Same memory, reshaped."""
+    original = dist.all_gather_into_tensor
+
+    def shaped(output_tensor, input_tensor, group=None, async_op=False):
+        if output_tensor.dim() == 1 and input_tensor.dim() > 1:
+            output_tensor = output_tensor.view(-1, *input_tensor.shape[1:])
+        return original(output_tensor, input_tensor, group=group, async_op=async_op)
+
+    dist.all_gather_into_tensor = shaped
+
+
+def force_fp16_on_cpu():
+    from deepspeed.accelerator import get_accelerator
+    get_accelerator().is_fp16_supported = lambda: True
+
+
+if __name__ == "__main__":
+    force_fp16_on_cpu()
+    shape_gathers_for_gloo()
+    import os
+    world = int(os.environ.get("WORLD_SIZE", "2"))
+    run_cases({
+        f"{layout}_{path}_m{m}_g{g}": case(layout, path, m, g)
+        for layout in LAYOUTS
+        for path in PATHS
+        for m, g in dict.fromkeys(splits(world))
+    })
