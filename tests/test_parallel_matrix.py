@@ -62,3 +62,5 @@ def test_sequence_parallel_cases_and_the_tests_tolerances():
     from test_moe_norm import NORM_TOLERANCE, UPDATE_TOLERANCE
     assert parallel_matrix.NORM_TOLERANCE == NORM_TOLERANCE
     assert parallel_matrix.UPDATE_TOLERANCE["moe_ep2"] == UPDATE_TOLERANCE
+    assert parallel_matrix.UPDATE_TOLERANCE["moe_tp2"] == UPDATE_TOLERANCE  # test_moe_tp_norm.py takes them
+    assert parallel_matrix.UPDATE_TOLERANCE["moe_pipe2"] == UPDATE_TOLERANCE  # test_moe_pipe_norm.py too

@@ -11,6 +11,7 @@ another environment, pristine upstream's:
     python tools/gas_matrix.py                                        # the installed fork
     build/upstream-venv-0.19.8/bin/python tools/gas_matrix.py         # after tools/test-against-upstream
     python tools/gas_matrix.py --parallel                             # MoE, Ulysses SP, AutoTP rows instead
+    python tools/gas_matrix.py --parallel --rows moe_tp2              # only the MoE-under-TP rows
 """
 
 import argparse
@@ -52,11 +53,15 @@ def main():
     parser.add_argument(
         "--parallel",
         action="store_true",
-        help="the MoE, Ulysses SP and AutoTP rows (tools/parallel_matrix.py) instead of the engine paths")
+        help="the MoE, Ulysses SP, AutoTP and MoE-under-TP rows (tools/parallel_matrix.py), not the engine paths")
+    parser.add_argument("--rows",
+                        nargs="+",
+                        choices=[prefix for prefix, _, _ in parallel_matrix.WORKERS],
+                        help="with --parallel: only these workers' rows (default: all)")
     args = parser.parse_args()
     import deepspeed
     if args.parallel:
-        return print_parallel(args.extensions_dir, deepspeed.__version__)
+        return print_parallel(args.extensions_dir, deepspeed.__version__, args.rows)
     with tempfile.TemporaryDirectory() as tmp:
         result = launch_cases(REPO / "tests" / "workers" / "gas_checker.py",
                               nprocs=2,
@@ -78,10 +83,12 @@ def main():
     print("\n".join(lines))
 
 
-def print_parallel(extensions_dir, version):
+def print_parallel(extensions_dir, version, only=None):
     print(f"deepspeed {version}, 2 CPU ranks, splits of one global batch of 8 samples\n")
     with tempfile.TemporaryDirectory() as tmp:
         for prefix, worker, what in parallel_matrix.WORKERS:
+            if only and prefix not in only:
+                continue
             result = launch_cases(parallel_matrix.WORKERS_DIR / worker,
                                   nprocs=2,
                                   extensions_dir=extensions_dir or tmp,

@@ -5,11 +5,11 @@
 
 ds_gas_check's fp64 reference is one dense model on one process; MoE with experts split across ranks,
 Ulysses sequence parallelism and AutoTP need a reference of the unsplit network. Their workers
-(tests/workers/moe_norm.py, sp_norm.py, autotp_norm.py) build one: each trains one global batch of 8
+(tests/workers/moe_norm.py, sp_norm.py, autotp_norm.py, moe_tp_norm.py, moe_pipe_norm.py) build one: each trains one global batch of 8
 samples at several per-rank micro-batch x GAS splits and reports, per rank, the global grad norm and
 the applied update against fp64 PyTorch over the whole batch. A cell passes when every rank's norm and
 update are within the tolerance its test uses (tests/test_moe_norm.py, test_sp_norm.py,
-test_autotp_norm.py), and otherwise names what is off.
+test_autotp_norm.py, test_moe_tp_norm.py, test_moe_pipe_norm.py), and otherwise names what is off.
 """
 
 import re
@@ -22,6 +22,9 @@ WORKERS = (
     ("moe_ep2", "moe_norm.py", "MoE, 2 experts, expert parallel 2 (each rank holds a different expert)"),
     ("sp2", "sp_norm.py", "Ulysses sequence parallel 2 (each rank holds half of every sequence)"),
     ("autotp2", "autotp_norm.py", "AutoTP tensor parallel 2 (split linears, replicated norms and biases)"),
+    ("moe_tp2", "moe_tp_norm.py", "MoE, 2 experts, under tensor parallel 2 (ep2: a different expert on each "
+     "tensor-parallel rank; ep1: both everywhere; expert_tp: expert tensor parallelism)"),
+    ("moe_pipe2", "moe_pipe_norm.py", "MoE under 2 pipeline stages (an MoE block of 2 experts on each stage)"),
 )
 # The tests' tolerances: relative norm error and relative update error, by the path's dtype.
 NORM_TOLERANCE = {"bf16": 5e-3, "fp16": 2e-3, "fp32": 1e-6}
@@ -36,7 +39,17 @@ UPDATE_TOLERANCE = {
     },
     "autotp2": {
         "fp32": 2e-6
-    }
+    },
+    "moe_tp2": {
+        "bf16": 6e-2,
+        "fp16": 1e-2,
+        "fp32": 1e-6
+    },
+    "moe_pipe2": {
+        "bf16": 6e-2,
+        "fp16": 1e-2,
+        "fp32": 1e-6
+    },
 }
 
 _CASE = re.compile(r"^(?P<path>.+?)(?:_sp\d+)?_m(?P<micro>\d+)_g(?P<gas>\d+)$")
