@@ -6,7 +6,8 @@
 tests/workers/moe_pipe_norm.py trains one global batch of 8 through a 2-stage PipelineModule with an MoE
 block (top-1, 2 experts) on each stage: 2 ranks (expert parallel 1), 4 ranks (data parallel 2, expert
 parallel 2), at every micro-batch x GAS split, without ZeRO (fp32 and FP16_UnfusedOptimizer) and on
-ZeRO-1. All --run-slow (CI's 30 minutes): docs/grad_norm.md has the fork and 0.19.8 side by side.
+ZeRO-1; collectives of the model step counted. All --run-slow (CI's 30 minutes): docs/grad_norm.md has the fork
+and 0.19.8 side by side.
 """
 
 import pytest
@@ -54,3 +55,13 @@ def test_update_matches_fp64_reference(launched, case):
     ranks, path, micro, gas = case
     for rank, result in enumerate(launched[ranks].case(case_name(path, micro, gas))):
         assert result["update_error"] <= tolerance(UPDATE_TOLERANCE, path), f"rank {rank}: {result}"
+
+
+@pytest.mark.fork_only
+@pytest.mark.parametrize("case", CASES, ids=ids)
+def test_one_collective_per_step(launched, case):
+    """The model step (inside train_batch()) takes the norm, every expert and stage counted once, and the
+    overflow flag in one collective (0.19.8: 2 without ZeRO, 3 in fp16, 5 on ZeRO-1)."""
+    ranks, path, micro, gas = case
+    for rank, result in enumerate(launched[ranks].case(case_name(path, micro, gas))):
+        assert result["collectives_in_boundary_step"] == 1, f"rank {rank}: {result}"
