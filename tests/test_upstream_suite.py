@@ -464,3 +464,25 @@ def test_a_prefix_runs_its_own_package_and_fails_unless_every_test_of_its_patch_
     assert not verdict(two, outcomes(passed[0], ("unit/test_three.py::test_b", "error")))[1]
     assert not verdict(two, outcomes(passed[0]))[1], "a test file that did not run is no pass"
     assert not verdict(two, outcomes())[1]
+
+
+def test_a_patch_test_is_proven_only_when_pristine_fails_it_and_the_fork_passes_every_case():
+    """The patch-tests tier's rule: a test that pristine passes proves nothing, a fork failure or a file that
+    did not run on the fork is no proof either; the table tallies what each side did."""
+    from upstream_suite.patch_tests import PatchTest, as_markdown, verdicts
+    test = PatchTest("0009-Fix", "unit/test_fix.py", "")
+
+    def side(*outcomes):
+        return {f"unit/test_fix.py::t{i}": {"outcome": o, "unit": "unit/test_fix.py"} for i, o in enumerate(outcomes)}
+
+    def proven(pristine, fork):
+        return verdicts([test], fork, pristine)[0][3]
+
+    assert proven(side("failed", "passed"), side("passed", "passed"))
+    assert proven(side("error"), side("passed"))
+    assert not proven(side("passed", "passed"), side("passed", "passed")), "pristine passes: proves nothing"
+    assert not proven(side("failed"), side("passed", "failed"))
+    assert not proven(side("failed"), {}), "not run on the fork"
+    table = as_markdown(verdicts([test], side("passed", "passed", "passed"), side("failed", "failed", "passed")))
+    assert table.splitlines()[-1] == ("| 0009 | `tests/unit/test_fix.py` | 2 failed, 1 passed | 3 passed | "
+                                      "fails on pristine, passes on the fork |")

@@ -115,13 +115,18 @@ def verdicts(tests, fork_tests, pristine_tests):
             return {test_id: result["outcome"] for test_id, result in side.items() if result["unit"] == test.path}
 
         fork, pristine = outcomes(fork_tests), outcomes(pristine_tests)
-        fork_ok = bool(fork) and all(kind_of(outcome) == "ok" for outcome in fork.values())
         pristine_fails = any(kind_of(outcome) == "bad" for outcome in pristine.values())
-        rows.append((test, pristine, fork, fork_ok and pristine_fails))
+        rows.append((test, pristine, fork, all_passed(fork) and pristine_fails))
     return rows
 
 
-def _tally(outcomes):
+def all_passed(outcomes):
+    """Whether ``outcomes`` ({test id: outcome}) holds at least one test and every one passed."""
+    return bool(outcomes) and all(kind_of(outcome) == "ok" for outcome in outcomes.values())
+
+
+def tally(outcomes):
+    """"2 failed, 1 passed" ({test id: outcome}), or "not run"."""
     counts = {}
     for outcome in outcomes.values():
         counts[outcome] = counts.get(outcome, 0) + 1
@@ -132,5 +137,5 @@ def as_markdown(rows):
     lines = ["| patch | its upstream-style test | pristine 0.19.8 | fork | verdict |", "|---|---|---|---|---|"]
     for test, pristine, fork, ok in rows:
         verdict = "fails on pristine, passes on the fork" if ok else "**NOT PROVEN**"
-        lines.append(f"| {test.number} | `tests/{test.path}` | {_tally(pristine)} | {_tally(fork)} | {verdict} |")
+        lines.append(f"| {test.number} | `tests/{test.path}` | {tally(pristine)} | {tally(fork)} | {verdict} |")
     return "\n".join(lines)

@@ -21,7 +21,6 @@ from pathlib import Path
 
 from upstream_suite import patch_tests
 from upstream_suite.execute import Side
-from upstream_suite.outcomes import kind_of
 
 
 @dataclass(frozen=True)
@@ -72,8 +71,7 @@ def verdict(prefix, outcomes):
     paths = {test.path for test in prefix.tests}
     mine = {test_id: result["outcome"] for test_id, result in outcomes.tests.items() if result["unit"] in paths}
     ran_every_file = paths <= {result["unit"] for result in outcomes.tests.values()}
-    ok = bool(mine) and ran_every_file and all(kind_of(outcome) == "ok" for outcome in mine.values())
-    return mine, ok
+    return mine, ran_every_file and patch_tests.all_passed(mine)
 
 
 def as_markdown(rows):
@@ -82,12 +80,9 @@ def as_markdown(rows):
         "|---|---|---|---|",
     ]
     for prefix, outcomes, ok in rows:
-        counts = {}
-        for outcome in outcomes.values():
-            counts[outcome] = counts.get(outcome, 0) + 1
-        tally = ", ".join(f"{count} {outcome}" for outcome, count in sorted(counts.items())) or "not run"
         files = "; ".join(f"`tests/{test.path}`" for test in prefix.tests) or "(none)"
-        lines.append(f"| 0001-{prefix.number} | {files} | {tally} | {'passes' if ok else '**FAILS**'} |")
+        lines.append(f"| 0001-{prefix.number} | {files} | {patch_tests.tally(outcomes)} | "
+                     f"{'passes' if ok else '**FAILS**'} |")
     return "\n".join(lines)
 
 
