@@ -86,3 +86,13 @@ def fp64_gradients(model, inputs, targets, items=None):
 def fp64_norm(dense_grads, expert_grads):
     flat = [g.flatten() for g in dense_grads] + [g.flatten() for pair in expert_grads for g in pair]
     return float(torch.linalg.vector_norm(torch.cat(flat)))
+
+
+def forget_expert_groups():
+    """DeepSpeed keeps expert groups by name (``ep_size_1`` for every ep-1 layout) for the process's life:
+    a worker whose cases build different layouts forgets them before each."""
+    from deepspeed.utils import groups
+    for table in (groups._EXPERT_PARALLEL_GROUP, groups._EXPERT_PARALLEL_GROUP_RANKS,
+                  groups._EXPERT_DATA_PARALLEL_GROUP, groups._EXPERT_DATA_PARALLEL_GROUP_RANKS):
+        table.clear()
+    groups.expert_tensor_parallel_world_size = 1

@@ -49,3 +49,9 @@ def run_cases(cases, argv=None):
         f.write("finished")
     with open(os.path.join(args.results_dir, f"rank{rank}.json"), "w") as f:
         json.dump(results, f)
+
+
+def force_fp16_on_cpu():
+    """The CPU accelerator refuses fp16; the engine's fp16 paths are device-independent, so allow it here."""
+    from deepspeed.accelerator import get_accelerator
+    get_accelerator().is_fp16_supported = lambda: True

@@ -18,7 +18,7 @@ import torch  # noqa: E402
 
 import deepspeed  # noqa: E402
 import deepspeed.comm as dist  # noqa: E402
-from helpers.rank_cases import run_cases  # noqa: E402
+from helpers.rank_cases import force_fp16_on_cpu, run_cases  # noqa: E402
 from helpers.small_model import global_batch, make_layers, micro_batches, mse, rank_share, sgd_config  # noqa: E402
 
 LR = 0.1
@@ -135,12 +135,6 @@ def unscaled_backward_error(extra_config):
     finally:
         engine.destroy()
     return None
-
-
-def force_fp16_on_cpu():
-    """The CPU accelerator refuses fp16; the engine's fp16 paths are device-independent, so allow it here."""
-    from deepspeed.accelerator import get_accelerator
-    get_accelerator().is_fp16_supported = lambda: True
 
 
 def over_splits(step, splits, *args):

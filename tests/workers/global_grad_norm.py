@@ -23,7 +23,7 @@ import deepspeed  # noqa: E402
 import deepspeed.comm as dist  # noqa: E402
 from helpers.collectives import CollectiveCounter  # noqa: E402
 from helpers.moe_model import MoENet, fp64_gradients, fp64_norm  # noqa: E402
-from helpers.rank_cases import run_cases  # noqa: E402
+from helpers.rank_cases import force_fp16_on_cpu, run_cases  # noqa: E402
 from helpers.small_model import IN, OUT, global_batch, make_layers, micro_batches, mse, rank_share  # noqa: E402
 
 MICRO, GAS = 2, 2
@@ -374,11 +374,6 @@ def pipeline_tied_fp32_norm():
     result = train_pipeline_batch(module, [p for p in module.parameters()], {})
     inputs, targets = global_batch(MICRO * GAS)
     return dict(result, reference_norm=tied_reference_norm(inputs, targets))
-
-
-def force_fp16_on_cpu():
-    from deepspeed.accelerator import get_accelerator
-    get_accelerator().is_fp16_supported = lambda: True
 
 
 BF16_OPTIMIZER = {

@@ -20,7 +20,7 @@ import deepspeed  # noqa: E402
 import deepspeed.comm as dist  # noqa: E402
 from helpers.collectives import CollectiveCounter  # noqa: E402
 from helpers.moe_model import MoENet, fp64_gradients, fp64_norm  # noqa: E402
-from helpers.rank_cases import run_cases  # noqa: E402
+from helpers.rank_cases import force_fp16_on_cpu, run_cases  # noqa: E402
 from helpers.small_model import SAMPLE_ITEMS, global_batch, sample_items_loss_sum, micro_batches, mse, rank_share  # noqa: E402
 
 GLOBAL_BATCH = 8
@@ -141,11 +141,6 @@ def case(path, micro, gas):
 def splits(world_size):
     per_rank = GLOBAL_BATCH // world_size
     return [(micro, per_rank // micro) for micro in (per_rank, per_rank // 2, 1) if micro >= 1][:3]
-
-
-def force_fp16_on_cpu():
-    from deepspeed.accelerator import get_accelerator
-    get_accelerator().is_fp16_supported = lambda: True
 
 
 if __name__ == "__main__":

@@ -22,8 +22,9 @@ import torch  # noqa: E402
 import deepspeed  # noqa: E402
 import deepspeed.comm as dist  # noqa: E402
 from helpers.collectives import CollectiveCounter  # noqa: E402
-from helpers.rank_cases import run_cases  # noqa: E402
-from helpers.small_model import IN, OUT, global_batch, micro_batches, mse, rank_share  # noqa: E402
+from helpers.moe_model import forget_expert_groups  # noqa: E402
+from helpers.rank_cases import force_fp16_on_cpu, run_cases  # noqa: E402
+from helpers.small_model import IN, OUT, global_batch, micro_batches, mse, rank_share, sgd_config  # noqa: E402
 
 GLOBAL_BATCH = 8
 HIDDEN = 16
@@ -105,30 +106,9 @@ def fp64_gradients(layers, inputs, targets):
 
 def config(path, micro, gas):
     extra, stage = PATHS[path]
-    cfg = {
-        "train_micro_batch_size_per_gpu": micro,
-        "gradient_accumulation_steps": gas,
-        "optimizer": {
-            "type": "SGD",
-            "params": {
-                "lr": LR
-            }
-        },
-        "zero_allow_untested_optimizer": True,
-        "gradient_clipping": CLIP,
-        "zero_optimization": {
-            "stage": stage
-        },
-    }
+    cfg = dict(sgd_config(micro, gas, CLIP, LR), zero_optimization={"stage": stage})
     cfg.update(extra)
     return cfg
-
-
-def forget_expert_groups():
-    from deepspeed.utils import groups
-    for table in (groups._EXPERT_PARALLEL_GROUP, groups._EXPERT_PARALLEL_GROUP_RANKS,
-                  groups._EXPERT_DATA_PARALLEL_GROUP, groups._EXPERT_DATA_PARALLEL_GROUP_RANKS):
-        table.clear()
 
 
 def case(path, micro, gas):
@@ -207,11 +187,6 @@ def case(path, micro, gas):
 def splits(world_size):
     per_rank = GLOBAL_BATCH // (world_size // 2)
     return [(micro, per_rank // micro) for micro in (per_rank, per_rank // 2, per_rank // 4) if micro >= 2]
-
-
-def force_fp16_on_cpu():
-    from deepspeed.accelerator import get_accelerator
-    get_accelerator().is_fp16_supported = lambda: True
 
 
 if __name__ == "__main__":

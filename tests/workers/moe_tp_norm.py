@@ -33,8 +33,9 @@ import torch  # noqa: E402
 import deepspeed  # noqa: E402
 import deepspeed.comm as dist  # noqa: E402
 from helpers.collectives import CollectiveCounter  # noqa: E402
-from helpers.rank_cases import run_cases  # noqa: E402
-from helpers.small_model import IN, OUT, global_batch, micro_batches, mse, rank_share  # noqa: E402
+from helpers.moe_model import forget_expert_groups  # noqa: E402
+from helpers.rank_cases import force_fp16_on_cpu, run_cases  # noqa: E402
+from helpers.small_model import IN, OUT, global_batch, micro_batches, mse, rank_share, sgd_config  # noqa: E402
 
 GLOBAL_BATCH = 8
 TP = 2
@@ -183,33 +184,9 @@ def fp64_gradients(model, inputs, targets):
 
 def config(path, micro, gas):
     extra, stage = PATHS[path]
-    cfg = {
-        "train_micro_batch_size_per_gpu": micro,
-        "gradient_accumulation_steps": gas,
-        "optimizer": {
-            "type": "SGD",
-            "params": {
-                "lr": LR
-            }
-        },
-        "zero_allow_untested_optimizer": True,
-        "gradient_clipping": CLIP,
-        "zero_optimization": {
-            "stage": stage
-        },
-    }
+    cfg = dict(sgd_config(micro, gas, CLIP, LR), zero_optimization={"stage": stage})
     cfg.update(extra)
     return cfg
-
-
-def forget_expert_groups():
-    """DeepSpeed keeps expert groups by name (``ep_size_1`` for both ep1 layouts) for the process's
-    life: each case builds its own layout."""
-    from deepspeed.utils import groups
-    for table in (groups._EXPERT_PARALLEL_GROUP, groups._EXPERT_PARALLEL_GROUP_RANKS,
-                  groups._EXPERT_DATA_PARALLEL_GROUP, groups._EXPERT_DATA_PARALLEL_GROUP_RANKS):
-        table.clear()
-    groups.expert_tensor_parallel_world_size = 1
 
 
 def case(layout, path, micro, gas):
@@ -291,11 +268,6 @@ def shape_gathers_for_gloo():
         return original(output_tensor, input_tensor, group=group, async_op=async_op)
 
     dist.all_gather_into_tensor = shaped
-
-
-def force_fp16_on_cpu():
-    from deepspeed.accelerator import get_accelerator
-    get_accelerator().is_fp16_supported = lambda: True
 
 
 if __name__ == "__main__":
