@@ -5,8 +5,8 @@
 
 tests/workers/moe_pipe_norm.py trains one global batch of 8 through a 2-stage PipelineModule with an MoE
 block (top-1, 2 experts) on each stage: 2 ranks (expert parallel 1), 4 ranks (data parallel 2, expert
-parallel 2), at every micro-batch x GAS split, without ZeRO (fp32 and FP16_UnfusedOptimizer) and on
-ZeRO-1; collectives of the model step counted. All --run-slow (CI's 30 minutes): docs/grad_norm.md has the fork
+parallel 2), at every micro-batch x GAS split, without ZeRO (fp32, FP16_UnfusedOptimizer and bf16's
+BF16_Optimizer) and on ZeRO-1; collectives of the model step counted. All --run-slow (CI's 30 minutes): docs/grad_norm.md has the fork
 and 0.19.8 side by side.
 """
 
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
 
 WORKER = REPO / "tests" / "workers" / "moe_pipe_norm.py"
 SPLITS = {2: [(8, 1), (4, 2), (2, 4)], 4: [(4, 1), (2, 2)]}
-PATHS = ["zero0_fp32", "zero1_fp32", "zero0_fp16"]
+PATHS = ["zero0_fp32", "zero1_fp32", "zero0_fp16", "zero0_bf16"]
 CASES = [(ranks, path, micro, gas) for ranks, splits in SPLITS.items() for path in PATHS for micro, gas in splits]
 
 
@@ -61,7 +61,7 @@ def test_update_matches_fp64_reference(launched, case):
 @pytest.mark.parametrize("case", CASES, ids=ids)
 def test_one_collective_per_step(launched, case):
     """The model step (inside train_batch()) takes the norm, every expert and stage counted once, and the
-    overflow flag in one collective (0.19.8: 2 without ZeRO, 3 in fp16, 5 on ZeRO-1)."""
+    overflow flag in one collective (0.19.8: 2 without ZeRO, bf16 included, 3 in fp16, 5 on ZeRO-1)."""
     ranks, path, micro, gas = case
     for rank, result in enumerate(launched[ranks].case(case_name(path, micro, gas))):
         assert result["collectives_in_boundary_step"] == 1, f"rank {rank}: {result}"

@@ -33,7 +33,8 @@ MOE_BLOCKS = (1, 2)  # layer indices of the MoE blocks
 LR, CLIP = 0.1, 1.0
 FP16 = {"fp16": {"enabled": True, "initial_scale_power": 8}}
 # path -> (config, ZeRO stage)
-PATHS = {"zero0_fp32": ({}, 0), "zero1_fp32": ({}, 1), "zero0_fp16": (FP16, 0)}
+BF16 = {"bf16": {"enabled": True}}
+PATHS = {"zero0_fp32": ({}, 0), "zero1_fp32": ({}, 1), "zero0_fp16": (FP16, 0), "zero0_bf16": (BF16, 0)}
 
 
 class MoEBlock(torch.nn.Module):

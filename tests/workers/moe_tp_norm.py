@@ -6,9 +6,10 @@ several splits of one global batch of 8 samples (micro-batch x GAS x data-parall
 PyTorch on the whole batch.
 
 Megatron's layout through an mpu: tensor-parallel groups of consecutive ranks, data-parallel groups
-strided. The dense layers are not split (every dense parameter is a tensor-parallel replica, as in
-upstream's own mpu tests), so the ranks of one tensor-parallel group see the same samples. The MoE
-layer has 2 experts and runs as DeepSpeed lays it out:
+strided; the ranks of one tensor-parallel group see the same samples. The output layer is row-parallel
+(each tensor-parallel rank holds a slice of its weight's columns, as Megatron splits a layer), every other
+dense parameter is a tensor-parallel replica. The MoE layer has 2 experts and runs as DeepSpeed lays it
+out:
 
 - ``ep2``: expert parallel 2, experts not tensor-parallel (the MoE layer's default). The expert groups
   are built without the mpu (consecutive ranks), so an expert-parallel group holds the tensor-parallel
@@ -43,6 +44,7 @@ HIDDEN = 16
 NUM_EXPERTS = 2
 LR, CLIP = 0.1, 1.0
 FP16 = {"fp16": {"enabled": True, "initial_scale_power": 8}}
+BF16 = {"bf16": {"enabled": True}}
 
 # layout -> (ep_size, enable_expert_tensor_parallelism)
 LAYOUTS = {"ep2": (2, False), "ep1": (1, False), "ep1_expert_tp": (1, True)}
@@ -52,6 +54,8 @@ PATHS = {
     "zero0_fp16": (FP16, 0),  # FP16_UnfusedOptimizer
     "zero1_fp32": ({}, 1),
     "zero2_fp32": ({}, 2),
+    "zero1_bf16_fp32_accumulation": (dict(BF16, data_types={"grad_accum_dtype": "fp32"}), 1),  # BF16_Optimizer
+    "zero2_bf16": (BF16, 2),
 }
 
 
@@ -95,14 +99,47 @@ class TensorParallelGrid:
         return self.dp_ranks
 
 
+class _CopyToTensorParallel(torch.autograd.Function):
+    """Megatron's copy into the tensor-parallel region: identity forward, gradients summed over the group
+    backward (each rank's slice of a row-parallel layer gives only part of its input's gradient)."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.contiguous()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+class _ReduceFromTensorParallel(torch.autograd.Function):
+    """Megatron's reduce from the tensor-parallel region: the partial outputs summed forward, identity
+    backward."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        x = x.contiguous()
+        dist.all_reduce(x, group=group)
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
 class MoETPNet(torch.nn.Module):
     """Linear, a top-1 MoE layer of 2 experts (no token dropped: routing a rank's samples equals routing
-    the whole batch), linear. Expert ``e`` starts from the shared weights plus ``0.1 * (e + 1)``."""
+    the whole batch), a row-parallel linear. Expert ``e`` starts from the shared weights plus
+    ``0.1 * (e + 1)``."""
 
-    def __init__(self, ep_size, expert_tp, seed=0):
+    def __init__(self, ep_size, expert_tp, mpu, seed=0):
         super().__init__()
         from deepspeed.moe.layer import MoE
         torch.manual_seed(seed)
+        self.tp_group, self.tp_rank = mpu.get_model_parallel_group(), mpu.get_model_parallel_rank()
         self.inp = torch.nn.Linear(IN, HIDDEN)
         # Capacity = the rank's tokens (capacity factor = the number of experts), at least TP: no token is
         # dropped, and the capacity splits evenly over the tensor-parallel ranks. (drop_tokens=False would
@@ -117,7 +154,11 @@ class MoETPNet(torch.nn.Module):
                        drop_tokens=True,
                        use_rts=False,
                        enable_expert_tensor_parallelism=expert_tp)
-        self.out = torch.nn.Linear(HIDDEN, OUT)
+        out = torch.nn.Linear(HIDDEN, OUT)
+        self.out_slice = slice(self.tp_rank * HIDDEN // TP, (self.tp_rank + 1) * HIDDEN // TP)
+        self.out_weight = torch.nn.Parameter(out.weight.detach()[:, self.out_slice].clone())
+        self.out_weight.tensor_model_parallel = True  # split: counted on every tensor-parallel rank
+        self.out_bias = torch.nn.Parameter(out.bias.detach().clone())
         self.ep_size = ep_size
         # DeepSpeed builds the expert groups in deepspeed.initialize; the experts' weights must differ
         # before it copies them (fp32 master weights, ZeRO partitions). ep2 groups are consecutive ranks
@@ -144,18 +185,27 @@ class MoETPNet(torch.nn.Module):
                     param.add_(0.1 * (ep_rank * len(self.local_experts()) + local + 1))
 
     def dense(self):
-        return [self.inp.weight, self.inp.bias, self.moe.deepspeed_moe.gate.wg.weight, self.out.weight, self.out.bias]
+        return [self.inp.weight, self.inp.bias, self.moe.deepspeed_moe.gate.wg.weight, self.out_weight, self.out_bias]
 
     def own(self):
         """This rank's parameters, in the order of ``reference_grads``."""
         return self.dense() + [p for expert in self.local_experts() for p in (expert.weight, expert.bias)]
 
+    def own_slices(self, dense_tensors):
+        """``dense_tensors`` of the whole layers (as ``fp64_gradients`` returns them), cut to what this rank
+        holds: its slice of the output weight."""
+        inp_w, inp_b, gate_w, out_w, out_b = dense_tensors
+        return [inp_w, inp_b, gate_w, out_w[:, self.out_slice], out_b]
+
     def forward(self, x):
-        return self.out(self.moe(torch.relu(self.inp(x)))[0])
+        hidden = _CopyToTensorParallel.apply(self.moe(torch.relu(self.inp(x)))[0], self.tp_group)
+        partial = hidden[:, self.out_slice] @ self.out_weight.T
+        return _ReduceFromTensorParallel.apply(partial, self.tp_group) + self.out_bias
 
 
 def fp64_gradients(model, inputs, targets):
-    """fp64 gradients of the mean-square loss over the whole batch: (dense, experts[e] = [weight, bias])."""
+    """fp64 gradients of the mean-square loss over the whole batch: (dense, experts[e] = [weight, bias]), the
+    dense ones of the whole layers (the output weight's slices gathered)."""
     from deepspeed.utils import groups
     group = groups._get_expert_parallel_group(model.moe.expert_group_name)
 
@@ -171,7 +221,10 @@ def fp64_gradients(model, inputs, targets):
 
     weights = gathered([expert.weight for expert in model.local_experts()])
     biases = gathered([expert.bias for expert in model.local_experts()])
-    dense = [p.detach().double().requires_grad_(True) for p in model.dense()]
+    slices = [torch.empty_like(model.out_weight.detach().float()) for _ in range(TP)]
+    dist.all_gather(slices, model.out_weight.detach().float().contiguous(), group=model.tp_group)
+    whole = model.dense()[:3] + [torch.cat(slices, dim=1), model.out_bias]
+    dense = [p.detach().double().requires_grad_(True) for p in whole]
     inp_w, inp_b, gate_w, out_w, out_b = dense
     hidden = torch.relu(inputs.double() @ inp_w.T + inp_b)
     probs = torch.softmax(hidden @ gate_w.T, dim=1)
@@ -196,7 +249,7 @@ def case(layout, path, micro, gas):
         ep_size, expert_tp = LAYOUTS[layout]
         forget_expert_groups()
         mpu = TensorParallelGrid(TP)
-        model = MoETPNet(ep_size, expert_tp)
+        model = MoETPNet(ep_size, expert_tp, mpu)
         param_groups = split_params_into_different_moe_groups_for_optimizer({
             "params": list(model.parameters()),
             "name": "dense"
@@ -228,7 +281,7 @@ def case(layout, path, micro, gas):
         engine.destroy()
 
         coef = min(1.0, CLIP / (reference_norm + 1e-6))
-        reference_grads = dense_grads + [g for e in locals_ for g in expert_grads[e]]
+        reference_grads = module.own_slices(dense_grads) + [g for e in locals_ for g in expert_grads[e]]
         expected = [(w - LR * coef * g).to(dtype).double() for w, g in zip(before, reference_grads)]
         gap = torch.cat([(a - e).flatten() for a, e in zip(after, expected)])
         step = torch.cat([(e - b).flatten() for e, b in zip(expected, before)])

@@ -34,8 +34,8 @@ PATCH_TIER = (
     _covered("unit/runtime/test_precision_config_dynamic_scale.py", "0005 0014",
              "dynamic loss scale settings (fp16 config)"),
     _covered("unit/runtime/test_precision_config_loss_scale.py", "0004", "static loss scale settings (fp16 config)"),
-    _covered("unit/v1/half_precision/test_gradient_clipping_default.py", "0003 0011 0012",
-             "the default gradient clipping, end to end"),
+    _covered("unit/v1/half_precision/test_gradient_clipping_default.py", "0003 0011 0012 0026",
+             "the default gradient clipping, end to end (0026: the no-ZeRO norm's walk over the gradients)"),
     _covered("unit/runtime/pipe/test_pipe.py",
              "0003 0012 0013 0022 0023",
              "pipeline gradient accumulation scaling (0022: the loss aggregation of mean mode, unchanged; 0023: "
@@ -104,6 +104,8 @@ UNCOVERED = {
     "0014": "fp16 ZeRO-0 optimizers' construction: upstream's fp16 training tests skip on a CPU; GPU tier",
     "0018": "BF16_Optimizer's and the fp16 ZeRO-0 optimizers' clipping step: upstream tests them on CUDA; GPU tier",
     "0024": "the MoE token gather under tensor parallelism: upstream's test_moe_tp.py runs no forward",
+    "0026": "BF16_Optimizer's MoE norm: no upstream test steps BF16_Optimizer with MoE layers (AutoEP's bf16 "
+    "test stubs the optimizer)",
 }
 
 # Directories left out of the full tier: they need CUDA kernels (they skip or fail to import on a CPU).
