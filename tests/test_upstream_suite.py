@@ -359,6 +359,40 @@ def test_runner_refuses_a_missing_tests_directory(tmp_path):
     assert proc.returncode == 2 and "no upstream tests directory" in proc.stdout, proc.stdout
 
 
+def test_a_second_run_in_a_busy_work_dir_is_refused_and_a_report_touches_no_tree(tmp_path):
+    """A report started while the full tier ran rebuilt the tier's scratch tree under its running pytest
+    (the series had gained a patch test): two tests then failed on the fork side only, with FileNotFoundError
+    from os.getcwd(), and read as regressions. A run now holds its work directory; a report needs no lock
+    and leaves the trees alone."""
+    from upstream_suite import work_dir_lock
+    tests = synthetic_tree(tmp_path)
+    (tests / "unit" / "common.py").write_text("")  # what marks an upstream tests directory
+    work_dir = tmp_path / "work"
+    tree = work_dir / "tree-fork"
+    tree.mkdir(parents=True)
+    (tree / "SHA256").write_text("a stamp from another series")
+    (tree / "in-use").write_text("a running test's files")
+
+    def runner(*extra):
+        return subprocess.run([
+            sys.executable,
+            str(REPO / "tools" / "run-upstream-suite"), "--tests",
+            str(tests), "--work-dir",
+            str(work_dir), "--fork-python", sys.executable, "--only", "fork", "--files", "unit/test_synthetic.py",
+            *extra
+        ],
+                              stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT,
+                              text=True)
+
+    with work_dir_lock.hold(work_dir):
+        busy = runner()
+        report = runner("--report-only")
+    assert busy.returncode == 2 and f"is running in {work_dir}" in busy.stdout, busy.stdout
+    assert report.returncode == 0, report.stdout
+    assert (tree / "in-use").exists() and (tree / "SHA256").read_text() == "a stamp from another series"
+
+
 def test_a_build_lock_left_by_a_killed_build_is_removed_before_the_next_test_process(tmp_path):
     """A JIT build killed mid-way leaves <op>/lock; torch then waits for it forever in every later test."""
     tests = synthetic_tree(tmp_path)

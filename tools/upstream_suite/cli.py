@@ -28,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-from upstream_suite import baseline, patch_tests, prefixes, report, tiers
+from upstream_suite import baseline, patch_tests, prefixes, report, tiers, work_dir_lock
 from upstream_suite.classify import REGRESSION, compare
 from upstream_suite.execute import Side, Unit, run_unit
 from upstream_suite.outcomes import OutcomeMismatch, SideOutcomes
@@ -195,11 +195,18 @@ def printer(quiet):
 
 
 def run(args):
-    tests_dir = upstream_tests_dir(args.tests)
     work_dir = Path(args.work_dir or REPO / "build" / "upstream-suite" / (args.tier if not args.files else "files"))
     work_dir = work_dir.resolve()
-    results_dir = Path(args.results_dir).resolve() if args.results_dir else work_dir
     work_dir.mkdir(parents=True, exist_ok=True)
+    if args.report_only:
+        return run_in(args, work_dir)
+    with work_dir_lock.hold(work_dir):
+        return run_in(args, work_dir)
+
+
+def run_in(args, work_dir):
+    tests_dir = upstream_tests_dir(args.tests)
+    results_dir = Path(args.results_dir).resolve() if args.results_dir else work_dir
     tests_sha256 = baseline.tree_sha256(tests_dir)
     added = patch_tests.patch_tests(series_patches())
     pin = load_pin()
@@ -255,7 +262,8 @@ def run(args):
         # pristine's survive a new fork build, and a rebuilt fork with an unchanged label does not resume).
         results[side.name] = SideOutcomes(results_dir / f"results-{side.name}.json",
                                           side_identity(identity, infos[side.name], side.package_dir))
-        trees[side.name] = scratch_copy(tests_dir, work_dir, side.name, side.package_dir, tests_sha256, added)
+        if not args.report_only:  # a report touches no tree: a run may be using it
+            trees[side.name] = scratch_copy(tests_dir, work_dir, side.name, side.package_dir, tests_sha256, added)
     echo = printer(args.quiet)
     for unit in units if not args.report_only else ():  # interleaved: a run stopped half way compares what it ran
         for side in sides:
@@ -384,6 +392,6 @@ def main(argv=None):
     args = parse_args(argv)
     try:
         return run(args)
-    except (SetupError, baseline.BaselineError, OutcomeMismatch) as err:
+    except (SetupError, baseline.BaselineError, OutcomeMismatch, work_dir_lock.WorkDirBusy) as err:
         print(f"run-upstream-suite: error: {err}", file=sys.stderr)
         return 2

@@ -104,8 +104,7 @@ UNCOVERED = {
     "0014": "fp16 ZeRO-0 optimizers' construction: upstream's fp16 training tests skip on a CPU; GPU tier",
     "0018": "BF16_Optimizer's and the fp16 ZeRO-0 optimizers' clipping step: upstream tests them on CUDA; GPU tier",
     "0024": "the MoE token gather under tensor parallelism: upstream's test_moe_tp.py runs no forward",
-    "0026": "BF16_Optimizer's MoE norm: no upstream test steps BF16_Optimizer with MoE layers (AutoEP's bf16 "
-    "test stubs the optimizer)",
+    "0026": "BF16_Optimizer's MoE norm: no upstream test steps it with MoE layers (AutoEP's bf16 test stubs it)",
 }
 
 # Directories left out of the full tier: they need CUDA kernels (they skip or fail to import on a CPU).

@@ -1,0 +1,46 @@
+# SPDX-License-Identifier: Apache-2.0
+
+# DeepSpeed Team
+"""One run at a time in a work directory.
+
+A run lays its scratch copies of the tests (``tree-<side>``) in the work directory, rebuilds them when
+what they hold changes (a new patch test, another package), and runs pytest inside them. A second run in
+the same directory (a resume started twice, or a report started while a tier runs) could delete a tree
+under the first one's running tests: they then fail with ``FileNotFoundError`` from ``os.getcwd()``, on
+one side only, and read as regressions. ``--report-only`` reads the results and touches no tree, so it
+needs no lock.
+"""
+
+import fcntl
+import os
+from contextlib import contextmanager
+from pathlib import Path
+
+LOCK_NAME = "run.lock"
+
+
+class WorkDirBusy(Exception):
+    """Another run holds the work directory."""
+
+
+@contextmanager
+def hold(work_dir):
+    """Hold ``work_dir`` for this run (released when the process ends, however it ends)."""
+    path = Path(work_dir) / LOCK_NAME
+    with open(path, "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "a process"
+            raise WorkDirBusy(
+                f"{holder} is running in {work_dir} (its scratch trees are in use): wait for it, "
+                "pass another --work-dir, or --report-only (reads the results, touches no tree)") from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"run-upstream-suite pid {os.getpid()}")
+        handle.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
