@@ -99,37 +99,6 @@ class TensorParallelGrid:
         return self.dp_ranks
 
 
-class _CopyToTensorParallel(torch.autograd.Function):
-    """Megatron's copy into the tensor-parallel region: identity forward, gradients summed over the group
-    backward (each rank's slice of a row-parallel layer gives only part of its input's gradient)."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        grad = grad.contiguous()
-        dist.all_reduce(grad, group=ctx.group)
-        return grad, None
-
-
-class _ReduceFromTensorParallel(torch.autograd.Function):
-    """Megatron's reduce from the tensor-parallel region: the partial outputs summed forward, identity
-    backward."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        x = x.contiguous()
-        dist.all_reduce(x, group=group)
-        return x
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad, None
-
-
 class MoETPNet(torch.nn.Module):
     """Linear, a top-1 MoE layer of 2 experts (no token dropped: routing a rank's samples equals routing
     the whole batch), a row-parallel linear. Expert ``e`` starts from the shared weights plus
@@ -198,9 +167,13 @@ class MoETPNet(torch.nn.Module):
         return [inp_w, inp_b, gate_w, out_w[:, self.out_slice], out_b]
 
     def forward(self, x):
-        hidden = _CopyToTensorParallel.apply(self.moe(torch.relu(self.inp(x)))[0], self.tp_group)
+        # DeepSpeed's own tensor-parallel autograd functions (AutoTP's): ColumnParallel is the identity
+        # forward and sums the input's gradient over the group backward (each rank's slice gives only part
+        # of it); RowParallel sums the partial outputs forward.
+        from deepspeed.module_inject.layers import ColumnParallel, RowParallel
+        hidden = ColumnParallel.apply(self.tp_group, self.moe(torch.relu(self.inp(x)))[0])
         partial = hidden[:, self.out_slice] @ self.out_weight.T
-        return _ReduceFromTensorParallel.apply(partial, self.tp_group) + self.out_bias
+        return RowParallel.apply(self.tp_group, partial, False) + self.out_bias
 
 
 def fp64_gradients(model, inputs, targets):
