@@ -18,6 +18,7 @@ import math
 import pytest
 
 from helpers.launch import LaunchError, launch_cases
+from helpers.rank_results import assert_collectives, assert_norm_matches
 from helpers.repo import REPO
 
 WORKER = REPO / "tests" / "workers" / "global_grad_norm.py"
@@ -71,10 +72,7 @@ def launched(extensions_dir):
 
 @pytest.mark.parametrize("case", sorted(COLLECTIVES))
 def test_norm_matches_fp64_reference(launched, case):
-    for rank, result in enumerate(launched.case(case)):
-        assert result["norm"] is not None, f"rank {rank}: get_global_grad_norm() is None"
-        error = abs(result["norm"] - result["reference_norm"]) / result["reference_norm"]
-        assert error <= tolerance(case), f"rank {rank}: norm {result['norm']} vs fp64 {result['reference_norm']}"
+    assert_norm_matches(launched.case(case), tolerance(case))
 
 
 @pytest.mark.fork_only
@@ -153,21 +151,17 @@ def test_muon_fp16_norm_equals_fp32(launched, case):
 @pytest.mark.fork_only
 @pytest.mark.parametrize("case", MUON_CASES)
 def test_muon_takes_one_collective(launched, case):
-    for rank, result in enumerate(launched.case(case)):
-        assert result["collectives_in_boundary_step"] == 1, f"rank {rank}: {result}"
+    assert_collectives(launched.case(case))
 
 
 def test_pipeline_fp32_reports_the_norm(launched):
-    for rank, result in enumerate(launched.case("pipeline_fp32_norm")):
-        assert result["norm"] is not None, f"rank {rank}: get_global_grad_norm() is None"
-        assert abs(result["norm"] - result["reference_norm"]) <= 1e-6 * result["reference_norm"]
+    assert_norm_matches(launched.case("pipeline_fp32_norm"), 1e-6)
 
 
 def test_pipeline_fp16_norm(launched):
     """fp16 without ZeRO across 2 stages (FP16_UnfusedOptimizer, 2 groups per stage): the norm is the
     fp64 one within fp16 rounding."""
-    for rank, result in enumerate(launched.case("pipeline_fp16_norm")):
-        assert abs(result["norm"] - result["reference_norm"]) <= TOLERANCE["fp16"] * result["reference_norm"], result
+    assert_norm_matches(launched.case("pipeline_fp16_norm"), TOLERANCE["fp16"])
 
 
 @pytest.mark.fork_only
@@ -180,9 +174,7 @@ def test_pipeline_fp16_collectives(launched):
 
 def test_pipeline_tied_weight_counts_once(launched):
     """A weight tied across the 2 stages holds the same summed gradient on both: counted once."""
-    for rank, result in enumerate(launched.case("pipeline_tied_fp32_norm")):
-        assert result["norm"] is not None, f"rank {rank}: get_global_grad_norm() is None"
-        assert abs(result["norm"] - result["reference_norm"]) <= 1e-6 * result["reference_norm"], result
+    assert_norm_matches(launched.case("pipeline_tied_fp32_norm"), 1e-6)
 
 
 def test_pipeline_gradient_buffer_takes_the_requested_dtype(launched):
@@ -203,5 +195,16 @@ def test_pipeline_stages_with_uneven_groups_do_not_hang(extensions_dir):
         pytest.fail(f"2-stage pipeline with 2 and 1 parameter groups did not finish: {str(err)[:300]}")
     results = launched.case("pipeline_uneven_groups")
     assert sorted((r["stage"], r["groups"]) for r in results) == [(0, 2), (1, 1)]
-    for result in results:
-        assert abs(result["norm"] - result["reference_norm"]) <= 1e-6 * result["reference_norm"], result
+    assert_norm_matches(results, 1e-6)
+
+
+@pytest.mark.parametrize("norm_type", [2, 1, math.inf])
+def test_a_rank_with_no_gradient_to_count_counts_zero(extensions_dir, monkeypatch, norm_type):
+    """Under tensor parallelism a rank whose every parameter is a replica counts no gradient (patch 0027:
+    0.19.8 raises "stack expects a non-empty TensorList", the fork before it IndexError, and the other ranks
+    hang in the all-reduce this rank never joins; that part is tests/unit/runtime/test_global_norm_no_tensors.py,
+    2 ranks in upstream's harness). In process, without collectives: the count itself."""
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(extensions_dir))
+    from deepspeed.runtime.utils import get_global_norm_of_tensors
+    norm = get_global_norm_of_tensors([], norm_type=norm_type)
+    assert norm.dim() == 0 and float(norm) == 0.0, f"norm {norm} of no tensors"

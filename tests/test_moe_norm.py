@@ -14,6 +14,7 @@ its norm (and, before patch 0004, never scaled the loss).
 import pytest
 
 from helpers.launch import LaunchesByRanks
+from helpers.rank_results import assert_collectives, assert_norm_matches, assert_update_matches
 from helpers.repo import REPO
 
 WORKER = REPO / "tests" / "workers" / "moe_norm.py"
@@ -68,18 +69,14 @@ def ids(case):
 @pytest.mark.parametrize("case", CASES, ids=ids)
 def test_norm_matches_fp64_reference(launched, case):
     ranks, path, micro, gas = case
-    for rank, result in enumerate(launched[ranks].case(case_name(path, micro, gas))):
-        assert result["norm"] is not None, f"rank {rank}: get_global_grad_norm() is None"
-        error = abs(result["norm"] - result["reference_norm"]) / result["reference_norm"]
-        assert error <= tolerance(NORM_TOLERANCE, path), f"rank {rank}: {result}"
+    assert_norm_matches(launched[ranks].case(case_name(path, micro, gas)), tolerance(NORM_TOLERANCE, path))
 
 
 @pytest.mark.parametrize("case", marked([c for c in ALL_CASES if "adam" not in c[1]]), ids=ids)
 def test_update_matches_fp64_reference(launched, case):
     """SGD with clipping at 1.0 (the fp64 norm is 1.55, so it clips): a wrong norm is a wrong update."""
     ranks, path, micro, gas = case
-    for rank, result in enumerate(launched[ranks].case(case_name(path, micro, gas))):
-        assert result["update_error"] <= tolerance(UPDATE_TOLERANCE, path), f"rank {rank}: {result}"
+    assert_update_matches(launched[ranks].case(case_name(path, micro, gas)), tolerance(UPDATE_TOLERANCE, path))
 
 
 @pytest.mark.fork_only
@@ -88,8 +85,7 @@ def test_one_collective_per_step(launched, case):
     """The norm, each expert counted once, and the overflow flag in one collective (0.19.8: 1 to 4, and
     none without clipping, where it reports no norm)."""
     ranks, path, micro, gas = case
-    for rank, result in enumerate(launched[ranks].case(case_name(path, micro, gas))):
-        assert result["collectives_in_boundary_step"] == 1, f"rank {rank}: {result}"
+    assert_collectives(launched[ranks].case(case_name(path, micro, gas)))
 
 
 # loss_normalization "per_item" (patches 0020 and 0023): samples of 0-3 items, the mean over every item of
@@ -123,7 +119,6 @@ def test_per_item_matches_the_fp64_item_mean(launched_per_item, case):
     reduced sums by the global item count (in the norm's collective on ZeRO-1/2, in the engine's
     gradient all-reduce without ZeRO, experts' all-reduce included) gives the item mean's gradient."""
     ranks, path, micro, gas = case
-    for rank, result in enumerate(launched_per_item[ranks].case(case_name(path, micro, gas))):
-        error = abs(result["norm"] - result["reference_norm"]) / result["reference_norm"]
-        assert error <= tolerance(NORM_TOLERANCE, path), f"rank {rank}: {result}"
-        assert result["update_error"] <= tolerance(UPDATE_TOLERANCE, path), f"rank {rank}: {result}"
+    results = launched_per_item[ranks].case(case_name(path, micro, gas))
+    assert_norm_matches(results, tolerance(NORM_TOLERANCE, path))
+    assert_update_matches(results, tolerance(UPDATE_TOLERANCE, path))

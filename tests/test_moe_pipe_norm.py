@@ -13,6 +13,7 @@ and 0.19.8 side by side.
 import pytest
 
 from helpers.launch import LaunchesByRanks
+from helpers.rank_results import assert_collectives, assert_norm_matches, assert_update_matches
 from helpers.repo import REPO
 from test_moe_norm import NORM_TOLERANCE, UPDATE_TOLERANCE, tolerance
 
@@ -43,18 +44,14 @@ def launched(extensions_dir):
 @pytest.mark.parametrize("case", CASES, ids=ids)
 def test_norm_matches_fp64_reference(launched, case):
     ranks, path, micro, gas = case
-    for rank, result in enumerate(launched[ranks].case(case_name(path, micro, gas))):
-        assert result["norm"] is not None, f"rank {rank}: get_global_grad_norm() is None"
-        error = abs(result["norm"] - result["reference_norm"]) / result["reference_norm"]
-        assert error <= tolerance(NORM_TOLERANCE, path), f"rank {rank}: {result}"
+    assert_norm_matches(launched[ranks].case(case_name(path, micro, gas)), tolerance(NORM_TOLERANCE, path))
 
 
 @pytest.mark.parametrize("case", CASES, ids=ids)
 def test_update_matches_fp64_reference(launched, case):
     """SGD with clipping at 1.0 (the fp64 norm is 2.33, so it clips): a wrong norm is a wrong update."""
     ranks, path, micro, gas = case
-    for rank, result in enumerate(launched[ranks].case(case_name(path, micro, gas))):
-        assert result["update_error"] <= tolerance(UPDATE_TOLERANCE, path), f"rank {rank}: {result}"
+    assert_update_matches(launched[ranks].case(case_name(path, micro, gas)), tolerance(UPDATE_TOLERANCE, path))
 
 
 @pytest.mark.fork_only
@@ -63,5 +60,4 @@ def test_one_collective_per_step(launched, case):
     """The model step (inside train_batch()) takes the norm, every expert and stage counted once, and the
     overflow flag in one collective (0.19.8: 2 without ZeRO, bf16 included, 3 in fp16, 5 on ZeRO-1)."""
     ranks, path, micro, gas = case
-    for rank, result in enumerate(launched[ranks].case(case_name(path, micro, gas))):
-        assert result["collectives_in_boundary_step"] == 1, f"rank {rank}: {result}"
+    assert_collectives(launched[ranks].case(case_name(path, micro, gas)))

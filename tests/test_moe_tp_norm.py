@@ -19,6 +19,7 @@ without it.
 import pytest
 
 from helpers.launch import LaunchesByRanks
+from helpers.rank_results import assert_collectives, assert_norm_matches, assert_update_matches
 from helpers.repo import REPO
 from test_moe_norm import NORM_TOLERANCE, UPDATE_TOLERANCE, tolerance
 
@@ -63,23 +64,19 @@ def launched(extensions_dir, request):
 
 def results(launched, case):
     ranks, *rest = case
-    return enumerate(launched[ranks].case(case_name(*rest)))
+    return launched[ranks].case(case_name(*rest))
 
 
 @pytest.mark.parametrize("case", CASES, ids=ids)
 def test_norm_matches_fp64_reference(launched, case):
-    for rank, result in results(launched, case):
-        assert result["norm"] is not None, f"rank {rank}: get_global_grad_norm() is None"
-        error = abs(result["norm"] - result["reference_norm"]) / result["reference_norm"]
-        assert error <= tolerance(NORM_TOLERANCE, case[2]), f"rank {rank}: {result}"
+    assert_norm_matches(results(launched, case), tolerance(NORM_TOLERANCE, case[2]))
 
 
 @pytest.mark.parametrize("case", CASES, ids=ids)
 def test_update_matches_fp64_reference(launched, case):
     """SGD with clipping at 1.0 (the fp64 norm is 1.55, so it clips): a wrong norm is a wrong update, on
     the experts and the dense weights alike."""
-    for rank, result in results(launched, case):
-        assert result["update_error"] <= tolerance(UPDATE_TOLERANCE, case[2]), f"rank {rank}: {result}"
+    assert_update_matches(results(launched, case), tolerance(UPDATE_TOLERANCE, case[2]))
 
 
 @pytest.mark.fork_only
@@ -87,5 +84,4 @@ def test_update_matches_fp64_reference(launched, case):
 def test_one_collective_per_step(launched, case):
     """The norm and the overflow flag in one collective (0.19.8: 2 without ZeRO, where it reports no norm;
     3 in fp16; 5 on ZeRO-1/2)."""
-    for rank, result in results(launched, case):
-        assert result["collectives_in_boundary_step"] == 1, f"rank {rank}: {result}"
+    assert_collectives(results(launched, case))

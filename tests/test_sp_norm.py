@@ -15,6 +15,7 @@ ranks). Measured equal on the fork and on 0.19.8 (which reports no norm without 
 import pytest
 
 from helpers.launch import LaunchesByRanks
+from helpers.rank_results import assert_collectives, assert_norm_matches, assert_update_matches
 from helpers.repo import REPO
 
 WORKER = REPO / "tests" / "workers" / "sp_norm.py"
@@ -40,18 +41,15 @@ def launched(extensions_dir):
 @pytest.mark.parametrize("case", CASES, ids=lambda case: f"{case[0]}ranks-{case[1]}")
 def test_norm_and_update_match_fp64_reference(launched, case):
     ranks, name = case
-    for rank, result in enumerate(launched[ranks].case(name)):
-        assert result["norm"] is not None, f"rank {rank}: get_global_grad_norm() is None"
-        assert abs(result["norm"] - result["reference_norm"]) <= 1e-6 * result["reference_norm"], result
-        assert result["update_error"] <= 2e-6, f"rank {rank}: {result}"
+    assert_norm_matches(launched[ranks].case(name), 1e-6)
+    assert_update_matches(launched[ranks].case(name), 2e-6)
 
 
 @pytest.mark.fork_only
 @pytest.mark.parametrize("case", CASES, ids=lambda case: f"{case[0]}ranks-{case[1]}")
 def test_one_collective_per_step(launched, case):
     ranks, name = case
-    for rank, result in enumerate(launched[ranks].case(name)):
-        assert result["collectives_in_boundary_step"] == 1, f"rank {rank}: {result}"
+    assert_collectives(launched[ranks].case(name))
 
 
 @pytest.mark.fork_only  # pristine DeepSpeed has no loss_normalization
@@ -59,6 +57,5 @@ def test_one_collective_per_step(launched, case):
                          ids=lambda case: f"{case[0]}ranks-{case[1]}")
 def test_per_item_matches_the_fp64_item_mean(launched, case):
     ranks, name = case
-    for rank, result in enumerate(launched[ranks].case(name)):
-        assert abs(result["norm"] - result["reference_norm"]) <= 1e-6 * result["reference_norm"], result
-        assert result["update_error"] <= 2e-6, f"rank {rank}: {result}"
+    assert_norm_matches(launched[ranks].case(name), 1e-6)
+    assert_update_matches(launched[ranks].case(name), 2e-6)

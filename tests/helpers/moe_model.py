@@ -70,17 +70,23 @@ def fp64_gradients(model, inputs, targets, items=None):
     weights, biases = gathered(model.expert().weight), gathered(model.expert().bias)
     dense = [p.detach().double().requires_grad_(True) for p in model.dense()]
     inp_w, inp_b, gate_w, out_w, out_b = dense
-    hidden = torch.relu(inputs.double() @ inp_w.T + inp_b)
-    probs = torch.softmax(hidden @ gate_w.T, dim=1)
-    chosen = probs.argmax(dim=1)
-    experts = torch.stack([hidden @ w.T + b for w, b in zip(weights, biases)], dim=1)
-    mixed = probs.gather(1, chosen[:, None]) * experts[torch.arange(len(inputs)), chosen]
+    mixed = top1_moe(torch.relu(inputs.double() @ inp_w.T + inp_b), gate_w, zip(weights, biases))
     if items is None:
         torch.nn.functional.mse_loss(mixed @ out_w.T + out_b, targets.double()).backward()
     else:
         total, count = sample_items_loss_sum(mixed @ out_w.T + out_b, targets, items)
         (total / count).backward()
     return [p.grad for p in dense], [[w.grad, b.grad] for w, b in zip(weights, biases)]
+
+
+def top1_moe(hidden, gate_weight, experts):
+    """A top-1 MoE layer without dropped tokens, in the dtype of its arguments: each sample goes to the
+    expert of highest gate probability (``experts``: (weight, bias) of linear experts, by global index), its
+    output scaled by that probability."""
+    probs = torch.softmax(hidden @ gate_weight.T, dim=1)
+    chosen = probs.argmax(dim=1)
+    outputs = torch.stack([hidden @ weight.T + bias for weight, bias in experts], dim=1)
+    return probs.gather(1, chosen[:, None]) * outputs[torch.arange(len(hidden)), chosen]
 
 
 def fp64_norm(dense_grads, expert_grads):

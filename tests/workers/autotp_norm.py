@@ -30,7 +30,8 @@ from helpers.small_model import (
     micro_batches,
     mse,
     rank_share,  # noqa: E402
-    sample_items_loss_sum)
+    sample_items_loss_sum,
+    sgd_config)
 
 GLOBAL_BATCH, TP = 8, 2
 LR, CLIP = 0.1, 1.0
@@ -47,16 +48,7 @@ def config(stage, micro, gas, per_item=False):
         **({
             "loss_normalization": "per_item"
         } if per_item else {}),
-        "train_micro_batch_size_per_gpu": micro,
-        "gradient_accumulation_steps": gas,
-        "optimizer": {
-            "type": "SGD",
-            "params": {
-                "lr": LR
-            }
-        },
-        "zero_allow_untested_optimizer": True,
-        "gradient_clipping": CLIP,
+        **sgd_config(micro, gas, CLIP, LR),
         "zero_optimization": {
             "stage": stage
         },

@@ -22,7 +22,7 @@ import torch  # noqa: E402
 import deepspeed  # noqa: E402
 import deepspeed.comm as dist  # noqa: E402
 from helpers.collectives import CollectiveCounter  # noqa: E402
-from helpers.moe_model import forget_expert_groups  # noqa: E402
+from helpers.moe_model import forget_expert_groups, top1_moe  # noqa: E402
 from helpers.rank_cases import force_fp16_on_cpu, run_cases  # noqa: E402
 from helpers.small_model import IN, OUT, global_batch, micro_batches, mse, rank_share, sgd_config  # noqa: E402
 
@@ -92,14 +92,11 @@ def fp64_gradients(layers, inputs, targets):
     for block in MOE_BLOCKS:
         h = torch.relu(h)
         gate = leaf(f"{block}.moe.deepspeed_moe.gate.wg.weight", layers[block].moe.deepspeed_moe.gate.wg.weight)
-        probs = torch.softmax(h @ gate.T, dim=1)
-        chosen = probs.argmax(dim=1)
-        outs = []
+        experts = []
         for e, expert in enumerate(layers[block].experts()):
             weight = leaf(expert_name(block, e, "weight"), expert.weight)
-            outs.append(h @ weight.T + leaf(expert_name(block, e, "bias"), expert.bias))
-        outs = torch.stack(outs, dim=1)
-        h = probs.gather(1, chosen[:, None]) * outs[torch.arange(len(inputs)), chosen]
+            experts.append((weight, leaf(expert_name(block, e, "bias"), expert.bias)))
+        h = top1_moe(h, gate, experts)
     out = h @ leaf("3.weight", layers[3].weight).T + leaf("3.bias", layers[3].bias)
     torch.nn.functional.mse_loss(out, targets.double()).backward()
     return {name: tensor.grad for name, tensor in leaves.items()}

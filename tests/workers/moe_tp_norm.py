@@ -34,7 +34,7 @@ import torch  # noqa: E402
 import deepspeed  # noqa: E402
 import deepspeed.comm as dist  # noqa: E402
 from helpers.collectives import CollectiveCounter  # noqa: E402
-from helpers.moe_model import forget_expert_groups  # noqa: E402
+from helpers.moe_model import forget_expert_groups, top1_moe  # noqa: E402
 from helpers.rank_cases import force_fp16_on_cpu, run_cases  # noqa: E402
 from helpers.small_model import IN, OUT, global_batch, micro_batches, mse, rank_share, sgd_config  # noqa: E402
 
@@ -199,11 +199,7 @@ def fp64_gradients(model, inputs, targets):
     whole = model.dense()[:3] + [torch.cat(slices, dim=1), model.out_bias]
     dense = [p.detach().double().requires_grad_(True) for p in whole]
     inp_w, inp_b, gate_w, out_w, out_b = dense
-    hidden = torch.relu(inputs.double() @ inp_w.T + inp_b)
-    probs = torch.softmax(hidden @ gate_w.T, dim=1)
-    chosen = probs.argmax(dim=1)
-    experts = torch.stack([hidden @ w.T + b for w, b in zip(weights, biases)], dim=1)
-    mixed = probs.gather(1, chosen[:, None]) * experts[torch.arange(len(inputs)), chosen]
+    mixed = top1_moe(torch.relu(inputs.double() @ inp_w.T + inp_b), gate_w, zip(weights, biases))
     torch.nn.functional.mse_loss(mixed @ out_w.T + out_b, targets.double()).backward()
     return [p.grad for p in dense], [[w.grad, b.grad] for w, b in zip(weights, biases)]
 

@@ -32,7 +32,8 @@ from helpers.small_model import (
     make_layers,
     micro_batches,
     rank_share,  # noqa: E402
-    sample_items_loss_sum)
+    sample_items_loss_sum,
+    sgd_config)
 
 GLOBAL_BATCH = 16
 LR, CLIP = 0.1, 1.0
@@ -67,18 +68,7 @@ def case(path, sp, micro, gas):
             sp_mpu.initialize_sequence_parallel(sp)
         layers = make_layers()
         model = torch.nn.Sequential(*copy.deepcopy(layers))
-        config = {
-            "train_micro_batch_size_per_gpu": micro,
-            "gradient_accumulation_steps": gas,
-            "optimizer": {
-                "type": "SGD",
-                "params": {
-                    "lr": LR
-                }
-            },
-            "zero_allow_untested_optimizer": True,
-            "gradient_clipping": CLIP,
-        }
+        config = sgd_config(micro, gas, CLIP, LR)
         per_item = path.endswith(PER_ITEM)
         config.update(PATHS[path.removesuffix(PER_ITEM)])
         if per_item:
