@@ -8,7 +8,9 @@ mpu in Megatron's layout (tensor parallel 2; 2 ranks: data parallel 1, 4 ranks: 
 every micro-batch x GAS split, in the three layouts DeepSpeed builds: expert parallel 2 or 1 without
 expert tensor parallelism (each tensor-parallel rank runs the experts on its own share of the tokens),
 and expert parallel 1 with it (the ranks compute the same expert gradients); the output layer is
-row-parallel. Regression tests for deepspeed 0.19.8 and for the fork before patch 0025: every norm
+row-parallel; a fourth layout, expert tensor parallelism with Megatron's parallel MLP as the expert (split
+over the tensor-parallel ranks but for its last bias), establishes that path (right on the fork; 0.19.8
+fails it only where it fails the others: no norm on ZeRO-0, fp16's update). Regression tests for deepspeed 0.19.8 and for the fork before patch 0025: every norm
 counted the experts as tensor-parallel replicas, leaving out what the tensor-parallel ranks other than 0
 computed (norm 3.1% low on 2 ranks, the clipped update as far off), and ZeRO-1/2 took 5 collectives for
 it; and before patch 0026: BF16_Optimizer counted the experts once per tensor-parallel rank under expert
@@ -25,7 +27,7 @@ from test_moe_norm import NORM_TOLERANCE, UPDATE_TOLERANCE, tolerance
 
 WORKER = REPO / "tests" / "workers" / "moe_tp_norm.py"
 SPLITS = {2: [(8, 1), (4, 2), (2, 4)], 4: [(4, 1), (2, 2)]}
-LAYOUTS = ["ep2", "ep1", "ep1_expert_tp"]
+LAYOUTS = ["ep2", "ep1", "ep1_expert_tp", "ep1_expert_tp_split"]
 PATHS = ["zero0_fp32", "zero0_fp16", "zero1_fp32", "zero2_fp32", "zero1_bf16_fp32_accumulation", "zero2_bf16"]
 ALL_CASES = [(ranks, layout, path, micro, gas) for ranks, splits in SPLITS.items() for layout in LAYOUTS
              for path in PATHS for micro, gas in splits]

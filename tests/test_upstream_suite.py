@@ -393,6 +393,30 @@ def test_a_second_run_in_a_busy_work_dir_is_refused_and_a_report_touches_no_tree
     assert (tree / "in-use").exists() and (tree / "SHA256").read_text() == "a stamp from another series"
 
 
+def test_each_side_runs_its_own_deepspeed_launcher(tmp_path):
+    """Upstream's launcher tests run `deepspeed` from PATH: with neither side's venv on it they failed on
+    both sides alike ("No such file or directory: 'deepspeed'") and read as upstream's own state. Each side's
+    pytest now gets its interpreter's directory first on PATH; a venv copied with `cp -a`, whose launcher
+    runs the original venv's python (the other install), is refused."""
+    from upstream_suite import console_scripts
+    from upstream_suite.execute import child_environ
+    venv, original = tmp_path / "copy" / "bin", tmp_path / "original" / "bin"
+    venv.mkdir(parents=True)
+    python = venv / "python"
+    python.symlink_to(sys.executable)
+    assert "is missing" in console_scripts.problem(str(python))
+    launcher = venv / "deepspeed"
+    launcher.write_text(f"#!{original}/python3\nimport sys\n")
+    assert "a copied venv" in console_scripts.problem(str(python)), console_scripts.problem(str(python))
+    launcher.write_text(f"#!{venv}/python3\nimport sys\n")
+    assert console_scripts.problem(str(python)) is None
+    # pip's form for an interpreter path too long for a '#!' line
+    launcher.write_text("#!/bin/sh\n'''exec' " + f'{original}/python3 "$0" "$@"' + "\n' '''\n")
+    assert console_scripts.interpreter_of(launcher) == f"{original}/python3"
+    side = Side("fork", str(python), tmp_path / "ext", str(tmp_path))
+    assert child_environ(side, tmp_path / "events", 60, 8)["PATH"].split(os.pathsep)[0] == str(venv)
+
+
 def test_a_build_lock_left_by_a_killed_build_is_removed_before_the_next_test_process(tmp_path):
     """A JIT build killed mid-way leaves <op>/lock; torch then waits for it forever in every later test."""
     tests = synthetic_tree(tmp_path)

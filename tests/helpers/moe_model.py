@@ -70,7 +70,7 @@ def fp64_gradients(model, inputs, targets, items=None):
     weights, biases = gathered(model.expert().weight), gathered(model.expert().bias)
     dense = [p.detach().double().requires_grad_(True) for p in model.dense()]
     inp_w, inp_b, gate_w, out_w, out_b = dense
-    mixed = top1_moe(torch.relu(inputs.double() @ inp_w.T + inp_b), gate_w, zip(weights, biases))
+    mixed = top1_moe(torch.relu(inputs.double() @ inp_w.T + inp_b), gate_w, map(linear, weights, biases))
     if items is None:
         torch.nn.functional.mse_loss(mixed @ out_w.T + out_b, targets.double()).backward()
     else:
@@ -81,12 +81,17 @@ def fp64_gradients(model, inputs, targets, items=None):
 
 def top1_moe(hidden, gate_weight, experts):
     """A top-1 MoE layer without dropped tokens, in the dtype of its arguments: each sample goes to the
-    expert of highest gate probability (``experts``: (weight, bias) of linear experts, by global index), its
-    output scaled by that probability."""
+    expert of highest gate probability (``experts``: functions of the hidden states, by global index; linear
+    ones from ``linear``), its output scaled by that probability."""
     probs = torch.softmax(hidden @ gate_weight.T, dim=1)
     chosen = probs.argmax(dim=1)
-    outputs = torch.stack([hidden @ weight.T + bias for weight, bias in experts], dim=1)
+    outputs = torch.stack([expert(hidden) for expert in experts], dim=1)
     return probs.gather(1, chosen[:, None]) * outputs[torch.arange(len(hidden)), chosen]
+
+
+def linear(weight, bias):
+    """A linear expert for ``top1_moe``."""
+    return lambda hidden: hidden @ weight.T + bias
 
 
 def fp64_norm(dense_grads, expert_grads):

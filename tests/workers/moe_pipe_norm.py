@@ -22,7 +22,7 @@ import torch  # noqa: E402
 import deepspeed  # noqa: E402
 import deepspeed.comm as dist  # noqa: E402
 from helpers.collectives import CollectiveCounter  # noqa: E402
-from helpers.moe_model import forget_expert_groups, top1_moe  # noqa: E402
+from helpers.moe_model import forget_expert_groups, linear, top1_moe  # noqa: E402
 from helpers.rank_cases import force_fp16_on_cpu, run_cases  # noqa: E402
 from helpers.small_model import IN, OUT, global_batch, micro_batches, mse, rank_share, sgd_config  # noqa: E402
 
@@ -95,7 +95,7 @@ def fp64_gradients(layers, inputs, targets):
         experts = []
         for e, expert in enumerate(layers[block].experts()):
             weight = leaf(expert_name(block, e, "weight"), expert.weight)
-            experts.append((weight, leaf(expert_name(block, e, "bias"), expert.bias)))
+            experts.append(linear(weight, leaf(expert_name(block, e, "bias"), expert.bias)))
         h = top1_moe(h, gate, experts)
     out = h @ leaf("3.weight", layers[3].weight).T + leaf("3.bias", layers[3].bias)
     torch.nn.functional.mse_loss(out, targets.double()).backward()

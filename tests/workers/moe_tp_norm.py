@@ -20,6 +20,10 @@ out:
 - ``ep1_expert_tp``: ``enable_expert_tensor_parallelism``, groups built from the mpu: the tokens are
   gathered back before the experts, so the tensor-parallel ranks compute the same expert gradients
   (plain linear experts, not split: replicas).
+- ``ep1_expert_tp_split``: the same with Megatron's parallel MLP as the expert (what expert tensor
+  parallelism is for): a column-parallel linear, ReLU, a row-parallel linear; each tensor-parallel rank
+  holds its slice of both weights and of the first bias (counted on every rank), the last bias whole
+  (a replica, counted once).
 
 Case names are ``<layout>_<path>_m<micro>_g<gas>``.
 """
@@ -34,20 +38,26 @@ import torch  # noqa: E402
 import deepspeed  # noqa: E402
 import deepspeed.comm as dist  # noqa: E402
 from helpers.collectives import CollectiveCounter  # noqa: E402
-from helpers.moe_model import forget_expert_groups, top1_moe  # noqa: E402
+from helpers.moe_model import forget_expert_groups, linear, top1_moe  # noqa: E402
 from helpers.rank_cases import force_fp16_on_cpu, run_cases  # noqa: E402
 from helpers.small_model import IN, OUT, global_batch, micro_batches, mse, rank_share, sgd_config  # noqa: E402
 
 GLOBAL_BATCH = 8
 TP = 2
 HIDDEN = 16
+FFN = 2 * HIDDEN  # the split expert's inner width
 NUM_EXPERTS = 2
 LR, CLIP = 0.1, 1.0
 FP16 = {"fp16": {"enabled": True, "initial_scale_power": 8}}
 BF16 = {"bf16": {"enabled": True}}
 
-# layout -> (ep_size, enable_expert_tensor_parallelism)
-LAYOUTS = {"ep2": (2, False), "ep1": (1, False), "ep1_expert_tp": (1, True)}
+# layout -> (ep_size, enable_expert_tensor_parallelism, experts split by tensor parallelism)
+LAYOUTS = {
+    "ep2": (2, False, False),
+    "ep1": (1, False, False),
+    "ep1_expert_tp": (1, True, False),
+    "ep1_expert_tp_split": (1, True, True),
+}
 # path -> (config, ZeRO stage)
 PATHS = {
     "zero0_fp32": ({}, 0),
@@ -99,12 +109,92 @@ class TensorParallelGrid:
         return self.dp_ranks
 
 
+class SharedRef:
+    """Held by reference through the MoE layer's deepcopy of its expert (a process group cannot be copied)."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def __deepcopy__(self, memo):
+        return self
+
+
+class SplitExpert(torch.nn.Module):
+    """Megatron's parallel MLP as an expert: a column-parallel linear (this tensor-parallel rank's rows of
+    ``w1`` and ``b1``), ReLU, a row-parallel linear (its columns of ``w2``; the partial outputs summed over
+    the group), then ``b2``, whole on every rank. ``parts`` / ``whole`` / ``own`` / ``function`` give the
+    fp64 reference what it needs: the parameters in order, gathered to the whole layers, cut back to this
+    rank's slices, and the expert as a function of the whole ones."""
+
+    def __init__(self, tp_group, tp_rank):
+        super().__init__()
+        first, second = torch.nn.Linear(HIDDEN, FFN), torch.nn.Linear(FFN, HIDDEN)
+        self.group = SharedRef(tp_group)
+        self.rows = slice(tp_rank * FFN // TP, (tp_rank + 1) * FFN // TP)
+        self.w1 = torch.nn.Parameter(first.weight.detach()[self.rows].clone())
+        self.b1 = torch.nn.Parameter(first.bias.detach()[self.rows].clone())
+        self.w2 = torch.nn.Parameter(second.weight.detach()[:, self.rows].clone())
+        self.b2 = torch.nn.Parameter(second.bias.detach().clone())
+
+    def mark_split(self):
+        # Set on each copy the MoE layer made: a parameter's deepcopy does not keep its attributes.
+        for param in (self.w1, self.b1, self.w2):
+            param.tensor_model_parallel = True
+
+    def forward(self, x):
+        from deepspeed.module_inject.layers import ColumnParallel, RowParallel
+        hidden = torch.relu(ColumnParallel.apply(self.group.value, x) @ self.w1.T + self.b1)
+        return RowParallel.apply(self.group.value, hidden @ self.w2.T, False) + self.b2
+
+    def parts(self):
+        return [self.w1, self.b1, self.w2, self.b2]
+
+    def whole(self):
+
+        def gather(tensor, dim):
+            tensor = tensor.detach().float().contiguous()
+            slices = [torch.empty_like(tensor) for _ in range(TP)]
+            dist.all_gather(slices, tensor, group=self.group.value)
+            return torch.cat(slices, dim=dim)
+
+        return [gather(self.w1, 0), gather(self.b1, 0), gather(self.w2, 1), self.b2.detach().float()]
+
+    def own(self, whole):
+        w1, b1, w2, b2 = whole
+        return [w1[self.rows], b1[self.rows], w2[:, self.rows], b2]
+
+    @staticmethod
+    def function(whole):
+        w1, b1, w2, b2 = whole
+        return lambda hidden: torch.relu(hidden @ w1.T + b1) @ w2.T + b2
+
+
+class LinearExpert(torch.nn.Linear):
+    """A linear expert, whole on every rank, with ``SplitExpert``'s interface for the reference."""
+
+    def mark_split(self):
+        pass
+
+    def parts(self):
+        return [self.weight, self.bias]
+
+    def whole(self):
+        return [self.weight.detach().float(), self.bias.detach().float()]
+
+    def own(self, whole):
+        return whole
+
+    @staticmethod
+    def function(whole):
+        return linear(*whole)
+
+
 class MoETPNet(torch.nn.Module):
     """Linear, a top-1 MoE layer of 2 experts (no token dropped: routing a rank's samples equals routing
     the whole batch), a row-parallel linear. Expert ``e`` starts from the shared weights plus
     ``0.1 * (e + 1)``."""
 
-    def __init__(self, ep_size, expert_tp, mpu, seed=0):
+    def __init__(self, ep_size, expert_tp, split_experts, mpu, seed=0):
         super().__init__()
         from deepspeed.moe.layer import MoE
         torch.manual_seed(seed)
@@ -113,8 +203,9 @@ class MoETPNet(torch.nn.Module):
         # Capacity = the rank's tokens (capacity factor = the number of experts), at least TP: no token is
         # dropped, and the capacity splits evenly over the tensor-parallel ranks. (drop_tokens=False would
         # not pad the capacity to TP under expert tensor parallelism, and the layer's split then asserts.)
+        expert = SplitExpert(self.tp_group, self.tp_rank) if split_experts else LinearExpert(HIDDEN, HIDDEN)
         self.moe = MoE(hidden_size=HIDDEN,
-                       expert=torch.nn.Linear(HIDDEN, HIDDEN),
+                       expert=expert,
                        num_experts=NUM_EXPERTS,
                        ep_size=ep_size,
                        k=1,
@@ -134,6 +225,8 @@ class MoETPNet(torch.nn.Module):
         # (checked by ep_rank once built); ep1 holds both experts everywhere.
         self.expected_ep_rank = dist.get_rank() % ep_size
         self.offset_experts(self.expected_ep_rank)
+        for expert in self.local_experts():
+            expert.mark_split()
 
     def local_experts(self):
         return list(self.moe.deepspeed_moe.experts.deepspeed_experts)
@@ -158,7 +251,7 @@ class MoETPNet(torch.nn.Module):
 
     def own(self):
         """This rank's parameters, in the order of ``reference_grads``."""
-        return self.dense() + [p for expert in self.local_experts() for p in (expert.weight, expert.bias)]
+        return self.dense() + [p for expert in self.local_experts() for p in expert.parts()]
 
     def own_slices(self, dense_tensors):
         """``dense_tensors`` of the whole layers (as ``fp64_gradients`` returns them), cut to what this rank
@@ -177,31 +270,33 @@ class MoETPNet(torch.nn.Module):
 
 
 def fp64_gradients(model, inputs, targets):
-    """fp64 gradients of the mean-square loss over the whole batch: (dense, experts[e] = [weight, bias]), the
-    dense ones of the whole layers (the output weight's slices gathered)."""
+    """fp64 gradients of the mean-square loss over the whole batch: (dense, experts[e] = the expert's
+    ``parts()``), of the whole layers (the slices of split ones gathered)."""
     from deepspeed.utils import groups
     group = groups._get_expert_parallel_group(model.moe.expert_group_name)
 
     def gathered(tensors):
         parts = []
         for tensor in tensors:
-            tensor = tensor.detach().float().contiguous()
+            tensor = tensor.contiguous()
             ranks = [torch.empty_like(tensor) for _ in range(dist.get_world_size(group=group))]
             dist.all_gather(ranks, tensor, group=group)
             parts.append(ranks)
         # global expert index = ep rank * local experts + local index
         return [part.double().requires_grad_(True) for ep in zip(*parts) for part in ep]
 
-    weights = gathered([expert.weight for expert in model.local_experts()])
-    biases = gathered([expert.bias for expert in model.local_experts()])
+    local = [expert.whole() for expert in model.local_experts()]
+    # experts[e][k]: part k of global expert e
+    experts = list(zip(*[gathered([whole[k] for whole in local]) for k in range(len(local[0]))]))
+    function = model.local_experts()[0].function
     slices = [torch.empty_like(model.out_weight.detach().float()) for _ in range(TP)]
     dist.all_gather(slices, model.out_weight.detach().float().contiguous(), group=model.tp_group)
     whole = model.dense()[:3] + [torch.cat(slices, dim=1), model.out_bias]
     dense = [p.detach().double().requires_grad_(True) for p in whole]
     inp_w, inp_b, gate_w, out_w, out_b = dense
-    mixed = top1_moe(torch.relu(inputs.double() @ inp_w.T + inp_b), gate_w, zip(weights, biases))
+    mixed = top1_moe(torch.relu(inputs.double() @ inp_w.T + inp_b), gate_w, map(function, experts))
     torch.nn.functional.mse_loss(mixed @ out_w.T + out_b, targets.double()).backward()
-    return [p.grad for p in dense], [[w.grad, b.grad] for w, b in zip(weights, biases)]
+    return [p.grad for p in dense], [[part.grad for part in expert] for expert in experts]
 
 
 def config(path, micro, gas):
@@ -215,10 +310,10 @@ def case(layout, path, micro, gas):
 
     def run():
         from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
-        ep_size, expert_tp = LAYOUTS[layout]
+        ep_size, expert_tp, split_experts = LAYOUTS[layout]
         forget_expert_groups()
         mpu = TensorParallelGrid(TP)
-        model = MoETPNet(ep_size, expert_tp, mpu)
+        model = MoETPNet(ep_size, expert_tp, split_experts, mpu)
         param_groups = split_params_into_different_moe_groups_for_optimizer({
             "params": list(model.parameters()),
             "name": "dense"
@@ -247,10 +342,11 @@ def case(layout, path, micro, gas):
         norm = engine.get_global_grad_norm()
         after = [p.detach().double() for p in module.own()]
         locals_ = [module.global_expert_index(i) for i in range(len(module.local_experts()))]
+        own_expert_grads = [module.local_experts()[i].own(expert_grads[e]) for i, e in enumerate(locals_)]
         engine.destroy()
 
         coef = min(1.0, CLIP / (reference_norm + 1e-6))
-        reference_grads = module.own_slices(dense_grads) + [g for e in locals_ for g in expert_grads[e]]
+        reference_grads = module.own_slices(dense_grads) + [g for grads in own_expert_grads for g in grads]
         expected = [(w - LR * coef * g).to(dtype).double() for w, g in zip(before, reference_grads)]
         gap = torch.cat([(a - e).flatten() for a, e in zip(after, expected)])
         step = torch.cat([(e - b).flatten() for e, b in zip(expected, before)])

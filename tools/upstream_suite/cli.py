@@ -28,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-from upstream_suite import baseline, patch_tests, prefixes, report, tiers, work_dir_lock
+from upstream_suite import baseline, console_scripts, patch_tests, prefixes, report, tiers, work_dir_lock
 from upstream_suite.classify import REGRESSION, compare
 from upstream_suite.execute import Side, Unit, run_unit
 from upstream_suite.outcomes import OutcomeMismatch, SideOutcomes
@@ -223,6 +223,8 @@ def run_in(args, work_dir):
     infos = {"fork": fork_info}  # each interpreter is probed once (the probe imports deepspeed: seconds)
     if "+gafix." not in fork_info["deepspeed"]:
         raise SetupError(f"--fork-python {args.fork_python} has deepspeed {fork_info['deepspeed']}, not the fork")
+    if args.only != "pristine" and not args.report_only and console_scripts.problem(args.fork_python):
+        raise SetupError(f"--fork-python: {console_scripts.problem(args.fork_python)}")
     replay = args.pristine_baseline is not None
     run_pristine = args.only != "fork" and not replay
     identity = {
@@ -245,6 +247,8 @@ def run_in(args, work_dir):
         if info["deepspeed"] != pin["version"]:
             raise SetupError(f"--pristine-python {python} has deepspeed {info['deepspeed']}, not pristine "
                              f"{pin['version']} (upstream.json)")
+        if not args.report_only and console_scripts.problem(python):
+            raise SetupError(f"--pristine-python: {console_scripts.problem(python)}")
         differs = [key for key in ("torch", "pytest", "python") if info[key] != fork_info[key]]
         if differs:
             raise SetupError("the sides differ in " + ", ".join(f"{key} (fork {fork_info[key]}, pristine {info[key]})"

@@ -51,6 +51,8 @@ def child_environ(side, events_path, timeout_s, local_size):
     env.update(side.environ)
     # The side's own path entries (a prefix's package: tools/upstream_suite/prefixes.py) come first.
     env["PYTHONPATH"] = os.pathsep.join(entry for entry in (side.environ.get("PYTHONPATH"), str(TOOLS_DIR)) if entry)
+    # The side's console scripts first, as in its venv activated: upstream's launcher tests run `deepspeed`.
+    env["PATH"] = os.pathsep.join(entry for entry in (str(Path(side.python).parent), env.get("PATH")) if entry)
     env["UPSTREAM_SUITE_EVENTS"] = str(events_path)
     env["TORCH_EXTENSIONS_DIR"] = str(side.extensions_dir)
     # DistributedTest's own worker timeout fires first when it can (a clean failure with a message).
