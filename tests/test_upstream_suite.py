@@ -203,6 +203,45 @@ def test_an_unfinished_unit_resumes_without_rerunning_what_has_an_outcome(tmp_pa
     assert outcomes.tests["unit/test_synthetic.py::test_after_the_crash"]["outcome"] == "passed"
 
 
+def test_a_regression_runs_again_once_on_the_record(tmp_path):
+    """A test that timed out on the fork side only while other jobs had the machine runs again with
+    --rerun-regressions: its first outcome goes to reruns-fork.json (the report counts it), its file resumes
+    with that test alone, and the second outcome is the one compared."""
+    from upstream_suite import reruns
+    tests = synthetic_tree(tmp_path)
+    unit = "unit/test_synthetic.py"
+    fork = SideOutcomes(tmp_path / "results-fork.json", {"who": "fork"})
+    pristine = SideOutcomes(tmp_path / "results-pristine.json", {"who": "pristine"})
+    outcomes = {
+        "passes": "passed",
+        "fails": "failed",
+        "skips": "skipped",
+        "xfails": "xfailed",
+        "hangs": "timeout",
+        "crashes": "crashed",
+        "after_the_crash": "passed"
+    }
+    for name, outcome in outcomes.items():
+        pristine.record(f"{unit}::test_{name}", outcome, "", 1.0, unit)
+        fork.record(f"{unit}::test_{name}", "timeout" if name == "passes" else outcome, "killed", 300.0, unit)
+    fork.mark_done(unit)
+    pristine.mark_done(unit)
+    assert reruns.take_regressions(fork, pristine, tmp_path) == [f"{unit}::test_passes"]
+    assert f"{unit}::test_passes" not in fork.tests and unit not in fork.done_units
+    run_unit(Side("fork", sys.executable, tmp_path / "ext", package_dir=str(tmp_path)),
+             Unit(unit),
+             tests,
+             fork,
+             timeout_s=60,
+             log_dir=tmp_path / "logs",
+             local_size=0)
+    assert fork.tests[f"{unit}::test_passes"]["outcome"] == "passed"
+    assert fork.tests[f"{unit}::test_hangs"]["reason"] == "killed"  # not run again
+    assert not [row for row in compare(fork.tests, pristine.tests) if row.category == REGRESSION]
+    assert "1 fork outcome(s), first 1 timeout" in reruns.summary(tmp_path)
+    assert reruns.take_regressions(fork, pristine, tmp_path) == []
+
+
 RUN_ONE_UNIT = """
 import sys
 from pathlib import Path

@@ -28,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-from upstream_suite import baseline, console_scripts, patch_tests, prefixes, report, tiers, work_dir_lock
+from upstream_suite import baseline, console_scripts, patch_tests, prefixes, report, reruns, tiers, work_dir_lock
 from upstream_suite.classify import REGRESSION, compare
 from upstream_suite.execute import Side, Unit, run_unit
 from upstream_suite.outcomes import OutcomeMismatch, SideOutcomes
@@ -173,11 +173,18 @@ def parse_args(argv):
     parser.add_argument("--report-only",
                         action="store_true",
                         help="run nothing: compare the outcomes recorded so far (units finished on both sides)")
+    parser.add_argument("--rerun-regressions",
+                        action="store_true",
+                        help="run the fork side of each current regression once more first (the first outcome "
+                        "is kept in reruns-fork.json; a real regression fails twice)")
     parser.add_argument("--quiet", action="store_true")
     args = parser.parse_args(argv)
     if args.pristine_baseline is not None and (args.record_baseline is not None or args.only == "pristine"):
         parser.error("--pristine-baseline replays pristine: it cannot be combined with --record-baseline or "
                      "--only pristine")
+    if args.rerun_regressions and (args.only or args.report_only or args.pristine_baseline is not None):
+        parser.error("--rerun-regressions runs the fork against pristine's recorded outcomes: not with --only, "
+                     "--report-only or --pristine-baseline")
     if args.files and (args.pristine_baseline is not None or args.record_baseline is not None):
         parser.error("baselines belong to tiers: use --tier, not --files, with --pristine-baseline/--record-baseline")
     return args
@@ -268,6 +275,11 @@ def run_in(args, work_dir):
                                           side_identity(identity, infos[side.name], side.package_dir))
         if not args.report_only:  # a report touches no tree: a run may be using it
             trees[side.name] = scratch_copy(tests_dir, work_dir, side.name, side.package_dir, tests_sha256, added)
+    if args.rerun_regressions:
+        taken = reruns.take_regressions(results["fork"], results["pristine"], results_dir)
+        print(f"--rerun-regressions: {len(taken)} fork outcome(s) to run again")
+        for test_id in taken:
+            print(f"  {test_id}")
     echo = printer(args.quiet)
     for unit in units if not args.report_only else ():  # interleaved: a run stopped half way compares what it ran
         for side in sides:
@@ -302,6 +314,8 @@ def run_in(args, work_dir):
     if len(unit_keys) < len(units):
         title += f" ({len(unit_keys)} of {len(units)} test files so far)"
     markdown = report.as_markdown(title, identity, rows, fork_tests, pristine_tests, source)
+    if reruns.summary(results_dir):
+        markdown += "\n" + reruns.summary(results_dir) + "\n"
     report_md = Path(args.report) if args.report else work_dir / "report.md"
     report_md.parent.mkdir(parents=True, exist_ok=True)
     report_md.write_text(markdown)
