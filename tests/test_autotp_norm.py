@@ -44,8 +44,9 @@ def ids(case):
 @pytest.mark.parametrize("case", CASES, ids=ids)
 def test_norm_and_update_match_fp64_reference(launched, case):
     ranks, name = case
-    assert_norm_matches(launched[ranks].case(name), 1e-6)
-    assert_update_matches(launched[ranks].case(name), 2e-6)
+    results = launched[ranks].case(name)
+    assert_norm_matches(results, 1e-6)
+    assert_update_matches(results, 2e-6)
 
 
 @pytest.mark.fork_only
@@ -60,5 +61,6 @@ def test_one_collective_per_step(launched, case):
 @pytest.mark.parametrize("case", [pytest.param(case, marks=pytest.mark.slow) for case in PER_ITEM_CASES], ids=ids)
 def test_per_item_matches_the_fp64_item_mean(launched, case):
     ranks, name = case
-    assert_norm_matches(launched[ranks].case(name), 1e-6)
-    assert_update_matches(launched[ranks].case(name), 2e-6)
+    results = launched[ranks].case(name)
+    assert_norm_matches(results, 1e-6)
+    assert_update_matches(results, 2e-6)

@@ -109,6 +109,14 @@ class TensorParallelGrid:
         return self.dp_ranks
 
 
+def tp_gathered(tensor, dim, group):
+    """The whole of a layer split over the tensor-parallel ranks along ``dim``: every rank's slice, in fp32."""
+    tensor = tensor.detach().float().contiguous()
+    slices = [torch.empty_like(tensor) for _ in range(TP)]
+    dist.all_gather(slices, tensor, group=group)
+    return torch.cat(slices, dim=dim)
+
+
 class SharedRef:
     """Held by reference through the MoE layer's deepcopy of its expert (a process group cannot be copied)."""
 
@@ -150,14 +158,13 @@ class SplitExpert(torch.nn.Module):
         return [self.w1, self.b1, self.w2, self.b2]
 
     def whole(self):
-
-        def gather(tensor, dim):
-            tensor = tensor.detach().float().contiguous()
-            slices = [torch.empty_like(tensor) for _ in range(TP)]
-            dist.all_gather(slices, tensor, group=self.group.value)
-            return torch.cat(slices, dim=dim)
-
-        return [gather(self.w1, 0), gather(self.b1, 0), gather(self.w2, 1), self.b2.detach().float()]
+        group = self.group.value
+        return [
+            tp_gathered(self.w1, 0, group),
+            tp_gathered(self.b1, 0, group),
+            tp_gathered(self.w2, 1, group),
+            self.b2.detach().float()
+        ]
 
     def own(self, whole):
         w1, b1, w2, b2 = whole
@@ -289,9 +296,7 @@ def fp64_gradients(model, inputs, targets):
     # experts[e][k]: part k of global expert e
     experts = list(zip(*[gathered([whole[k] for whole in local]) for k in range(len(local[0]))]))
     function = model.local_experts()[0].function
-    slices = [torch.empty_like(model.out_weight.detach().float()) for _ in range(TP)]
-    dist.all_gather(slices, model.out_weight.detach().float().contiguous(), group=model.tp_group)
-    whole = model.dense()[:3] + [torch.cat(slices, dim=1), model.out_bias]
+    whole = model.dense()[:3] + [tp_gathered(model.out_weight, 1, model.tp_group), model.out_bias]
     dense = [p.detach().double().requires_grad_(True) for p in whole]
     inp_w, inp_b, gate_w, out_w, out_b = dense
     mixed = top1_moe(torch.relu(inputs.double() @ inp_w.T + inp_b), gate_w, map(function, experts))

@@ -190,6 +190,12 @@ def parse_args(argv):
     return args
 
 
+def check_launcher(option, python):
+    problem = console_scripts.problem(python)
+    if problem:
+        raise SetupError(f"{option}: {problem}")
+
+
 def printer(quiet):
     started = time.monotonic()
 
@@ -230,8 +236,8 @@ def run_in(args, work_dir):
     infos = {"fork": fork_info}  # each interpreter is probed once (the probe imports deepspeed: seconds)
     if "+gafix." not in fork_info["deepspeed"]:
         raise SetupError(f"--fork-python {args.fork_python} has deepspeed {fork_info['deepspeed']}, not the fork")
-    if args.only != "pristine" and not args.report_only and console_scripts.problem(args.fork_python):
-        raise SetupError(f"--fork-python: {console_scripts.problem(args.fork_python)}")
+    if args.only != "pristine" and not args.report_only:
+        check_launcher("--fork-python", args.fork_python)
     replay = args.pristine_baseline is not None
     run_pristine = args.only != "fork" and not replay
     identity = {
@@ -254,8 +260,8 @@ def run_in(args, work_dir):
         if info["deepspeed"] != pin["version"]:
             raise SetupError(f"--pristine-python {python} has deepspeed {info['deepspeed']}, not pristine "
                              f"{pin['version']} (upstream.json)")
-        if not args.report_only and console_scripts.problem(python):
-            raise SetupError(f"--pristine-python: {console_scripts.problem(python)}")
+        if not args.report_only:
+            check_launcher("--pristine-python", python)
         differs = [key for key in ("torch", "pytest", "python") if info[key] != fork_info[key]]
         if differs:
             raise SetupError("the sides differ in " + ", ".join(f"{key} (fork {fork_info[key]}, pristine {info[key]})"
@@ -314,8 +320,9 @@ def run_in(args, work_dir):
     if len(unit_keys) < len(units):
         title += f" ({len(unit_keys)} of {len(units)} test files so far)"
     markdown = report.as_markdown(title, identity, rows, fork_tests, pristine_tests, source)
-    if reruns.summary(results_dir):
-        markdown += "\n" + reruns.summary(results_dir) + "\n"
+    rerun_line = reruns.summary(results_dir)
+    if rerun_line:
+        markdown += "\n" + rerun_line + "\n"
     report_md = Path(args.report) if args.report else work_dir / "report.md"
     report_md.parent.mkdir(parents=True, exist_ok=True)
     report_md.write_text(markdown)

@@ -19,6 +19,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from upstream_suite import console_scripts
+
 TOOLS_DIR = Path(__file__).resolve().parent.parent
 SHM_DIR = Path("/dev/shm")
 # Left behind by pristine upstream's CPU comm op (69 MB a rank, never unlinked): removed after each
@@ -52,7 +54,8 @@ def child_environ(side, events_path, timeout_s, local_size):
     # The side's own path entries (a prefix's package: tools/upstream_suite/prefixes.py) come first.
     env["PYTHONPATH"] = os.pathsep.join(entry for entry in (side.environ.get("PYTHONPATH"), str(TOOLS_DIR)) if entry)
     # The side's console scripts first, as in its venv activated: upstream's launcher tests run `deepspeed`.
-    env["PATH"] = os.pathsep.join(entry for entry in (str(Path(side.python).parent), env.get("PATH")) if entry)
+    scripts = str(console_scripts.scripts_dir(side.python))
+    env["PATH"] = os.pathsep.join(entry for entry in (scripts, env.get("PATH")) if entry)
     env["UPSTREAM_SUITE_EVENTS"] = str(events_path)
     env["TORCH_EXTENSIONS_DIR"] = str(side.extensions_dir)
     # DistributedTest's own worker timeout fires first when it can (a clean failure with a message).
