@@ -22,6 +22,7 @@ import torch  # noqa: E402
 import deepspeed  # noqa: E402
 import deepspeed.comm as dist  # noqa: E402
 from helpers.collectives import CollectiveCounter  # noqa: E402
+from helpers.engine_paths import relative_update_error  # noqa: E402
 from helpers.rank_cases import run_cases  # noqa: E402
 from helpers.small_model import (
     SAMPLE_ITEMS,
@@ -128,13 +129,11 @@ def case(path, micro, gas):
         coef = min(1.0, CLIP / (reference_norm + 1e-6))
         before = [shard(n, named[n].detach(), tp_rank) for n in names]
         expected = [shard(n, named[n].detach() - LR * coef * named[n].grad, tp_rank) for n in names]
-        gap = torch.cat([(a - e).flatten() for a, e in zip(after, expected)])
-        step = torch.cat([(e - b).flatten() for e, b in zip(expected, before)])
         return {
             "collectives_in_boundary_step": counts[-1],
             "norm": None if norm is None else float(norm),
             "reference_norm": reference_norm,
-            "update_error": float(gap.norm() / step.norm()),
+            "update_error": relative_update_error(after, expected, before),
             "data_parallel_rank": dp_rank,
         }
 

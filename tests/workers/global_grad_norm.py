@@ -22,6 +22,7 @@ import torch  # noqa: E402
 import deepspeed  # noqa: E402
 import deepspeed.comm as dist  # noqa: E402
 from helpers.collectives import CollectiveCounter  # noqa: E402
+from helpers.engine_paths import BF16, FP16, relative_update_error  # noqa: E402
 from helpers.moe_model import MoENet, fp64_gradients, fp64_norm  # noqa: E402
 from helpers.rank_cases import force_fp16_on_cpu, run_cases  # noqa: E402
 from helpers.small_model import IN, OUT, global_batch, make_layers, micro_batches, mse, rank_share  # noqa: E402
@@ -187,12 +188,10 @@ def no_norm_case(extra):
         engine.destroy()
         lr = config["optimizer"]["params"]["lr"]
         expected = [w - lr * p.grad for w, p in zip(before, reference.parameters())]
-        gap = torch.cat([(a - e).flatten() for a, e in zip(after, expected)])
-        step = torch.cat([(e - b).flatten() for e, b in zip(expected, before)])
         return {
             "collectives_in_boundary_step": counts[-1],
             "norm": None if norm is None else float(norm),
-            "update_error": float(gap.norm() / step.norm()),
+            "update_error": relative_update_error(after, expected, before),
         }
 
     return run
@@ -394,8 +393,6 @@ def zero(stage, **extra):
     return {"zero_optimization": dict(stage=stage, **extra)}
 
 
-FP16 = {"fp16": dict(enabled=True, initial_scale_power=8)}
-BF16 = {"bf16": dict(enabled=True)}
 FUSED_ADAM = {"optimizer": dict(type="Adam", params=dict(lr=1e-3, torch_adam=False))}
 # The paths of data_parallel_case by name: each gives a mean-mode case and a "_per_item" case.
 DATA_PARALLEL_PATHS = {

@@ -14,19 +14,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
-
 import deepspeed  # noqa: E402
 import deepspeed.comm as dist  # noqa: E402
 from helpers.collectives import CollectiveCounter  # noqa: E402
+from helpers.engine_paths import BF16, FP16, relative_update_error  # noqa: E402
 from helpers.moe_model import MoENet, fp64_gradients, fp64_norm  # noqa: E402
 from helpers.rank_cases import force_fp16_on_cpu, run_cases  # noqa: E402
 from helpers.small_model import SAMPLE_ITEMS, global_batch, sample_items_loss_sum, micro_batches, mse, rank_share  # noqa: E402
 
 GLOBAL_BATCH = 8
 LR, CLIP = 0.1, 1.0
-FP16 = {"fp16": {"enabled": True, "initial_scale_power": 8}}
-BF16 = {"bf16": {"enabled": True}}
 
 # path -> (config, optimizer, ZeRO stage)
 PATHS = {
@@ -123,9 +120,7 @@ def case(path, micro, gas):
         expected = [(w - LR * coef * g).to(dtype).double() for w, g in zip(before, reference_grads)]
         update_error = None
         if cfg["optimizer"]["type"] == "SGD":
-            gap = torch.cat([(a - e).flatten() for a, e in zip(after, expected)])
-            step = torch.cat([(e - b).flatten() for e, b in zip(expected, before)])
-            update_error = float(gap.norm() / step.norm())
+            update_error = relative_update_error(after, expected, before)
         return {
             "optimizer": type(engine.optimizer).__name__,
             "collectives_in_boundary_step": counts[-1],

@@ -22,6 +22,7 @@ import torch  # noqa: E402
 import deepspeed  # noqa: E402
 import deepspeed.comm as dist  # noqa: E402
 from helpers.collectives import CollectiveCounter  # noqa: E402
+from helpers.engine_paths import BF16, FP16, relative_update_error  # noqa: E402
 from helpers.moe_model import forget_expert_groups, linear, top1_moe  # noqa: E402
 from helpers.rank_cases import force_fp16_on_cpu, run_cases  # noqa: E402
 from helpers.small_model import IN, OUT, global_batch, micro_batches, mse, rank_share, sgd_config  # noqa: E402
@@ -31,9 +32,7 @@ HIDDEN = 16
 NUM_EXPERTS = 2
 MOE_BLOCKS = (1, 2)  # layer indices of the MoE blocks
 LR, CLIP = 0.1, 1.0
-FP16 = {"fp16": {"enabled": True, "initial_scale_power": 8}}
 # path -> (config, ZeRO stage)
-BF16 = {"bf16": {"enabled": True}}
 PATHS = {"zero0_fp32": ({}, 0), "zero1_fp32": ({}, 1), "zero0_fp16": (FP16, 0), "zero0_bf16": (BF16, 0)}
 
 
@@ -168,14 +167,12 @@ def case(path, micro, gas):
         engine.destroy()
         names = sorted(before)
         expected = {n: (before[n] - LR * coef * grads[reference_name(n)]).to(dtype).double() for n in names}
-        gap = torch.cat([(after[n] - expected[n]).flatten() for n in names])
-        step = torch.cat([(expected[n] - before[n]).flatten() for n in names])
         return {
             "stage": engine.stage_id,
             "norm": None if norm is None else float(norm),
             "reference_norm": reference_norm,
             "clip_coefficient": coef,
-            "update_error": float(gap.norm() / step.norm()),
+            "update_error": relative_update_error(*([d[n] for n in names] for d in (after, expected, before))),
             "collectives_in_boundary_step": counts[-1],
         }
 

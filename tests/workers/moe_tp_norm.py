@@ -38,6 +38,7 @@ import torch  # noqa: E402
 import deepspeed  # noqa: E402
 import deepspeed.comm as dist  # noqa: E402
 from helpers.collectives import CollectiveCounter  # noqa: E402
+from helpers.engine_paths import ZERO_PATHS, relative_update_error  # noqa: E402
 from helpers.moe_model import forget_expert_groups, linear, top1_moe  # noqa: E402
 from helpers.rank_cases import force_fp16_on_cpu, run_cases  # noqa: E402
 from helpers.small_model import IN, OUT, global_batch, micro_batches, mse, rank_share, sgd_config  # noqa: E402
@@ -48,8 +49,6 @@ HIDDEN = 16
 FFN = 2 * HIDDEN  # the split expert's inner width
 NUM_EXPERTS = 2
 LR, CLIP = 0.1, 1.0
-FP16 = {"fp16": {"enabled": True, "initial_scale_power": 8}}
-BF16 = {"bf16": {"enabled": True}}
 
 # layout -> (ep_size, enable_expert_tensor_parallelism, experts split by tensor parallelism)
 LAYOUTS = {
@@ -58,15 +57,7 @@ LAYOUTS = {
     "ep1_expert_tp": (1, True, False),
     "ep1_expert_tp_split": (1, True, True),
 }
-# path -> (config, ZeRO stage)
-PATHS = {
-    "zero0_fp32": ({}, 0),
-    "zero0_fp16": (FP16, 0),  # FP16_UnfusedOptimizer
-    "zero1_fp32": ({}, 1),
-    "zero2_fp32": ({}, 2),
-    "zero1_bf16_fp32_accumulation": (dict(BF16, data_types={"grad_accum_dtype": "fp32"}), 1),  # BF16_Optimizer
-    "zero2_bf16": (BF16, 2),
-}
+PATHS = ZERO_PATHS  # path -> (config, ZeRO stage)
 
 
 class TensorParallelGrid:
@@ -353,11 +344,7 @@ def case(layout, path, micro, gas):
         coef = min(1.0, CLIP / (reference_norm + 1e-6))
         reference_grads = module.own_slices(dense_grads) + [g for grads in own_expert_grads for g in grads]
         expected = [(w - LR * coef * g).to(dtype).double() for w, g in zip(before, reference_grads)]
-        gap = torch.cat([(a - e).flatten() for a, e in zip(after, expected)])
-        step = torch.cat([(e - b).flatten() for e, b in zip(expected, before)])
         n_dense = len(dense_grads)
-        expert_gap = torch.cat([(a - e).flatten() for a, e in zip(after[n_dense:], expected[n_dense:])])
-        expert_step = torch.cat([(e - b).flatten() for e, b in zip(expected[n_dense:], before[n_dense:])])
         return {
             "optimizer": type(engine.optimizer).__name__,
             "experts_held": locals_,
@@ -365,8 +352,8 @@ def case(layout, path, micro, gas):
             "norm": None if norm is None else float(norm),
             "reference_norm": reference_norm,
             "clip_coefficient": coef,
-            "update_error": float(gap.norm() / step.norm()),
-            "expert_update_error": float(expert_gap.norm() / expert_step.norm()),
+            "update_error": relative_update_error(after, expected, before),
+            "expert_update_error": relative_update_error(after[n_dense:], expected[n_dense:], before[n_dense:]),
         }
 
     return run

@@ -83,7 +83,7 @@ FULL_TIER_COVERAGE = (
         "tests/test_global_grad_norm.py covers ZeRO-2/3 overflow"),
     _covered("unit/runtime/zero/test_zero_grad_clip.py", "0010 0021",
              "ZeRO-3 grad clipping and norm groups: each case JIT-builds an Adam op, about 100 s here"),
-    _covered("unit/v1/half_precision/test_bf16.py", "0008 0009 0018 0027",
+    _covered("unit/v1/half_precision/test_bf16.py", "0008 0009 0018 0027 0028",
              "bf16 gradients against DDP: skip on a CPU (they ask for CUDA and NCCL); GPU tier"),
     _covered(
         "unit/checkpoint/test_pipeline.py", "0009 0012 0013",
@@ -106,6 +106,7 @@ UNCOVERED = {
     "0024": "the MoE token gather under tensor parallelism: upstream's test_moe_tp.py runs no forward",
     "0026": "BF16_Optimizer's MoE norm: no upstream test steps it with MoE layers (AutoEP's bf16 test stubs it)",
     "0027": "BF16_Optimizer's norm on a rank with no gradient to count: upstream runs BF16_Optimizer on CUDA only",
+    "0028": "BF16_Optimizer under AutoEP + AutoTP folding: upstream's folding tests stub BF16_Optimizer or run fp32",
 }
 
 # Directories left out of the full tier: they need CUDA kernels (they skip or fail to import on a CPU).
