@@ -32,7 +32,7 @@ from helpers.autoep_model import IN, OUT, MixtralNet, fp64_gradients, original_l
 from helpers.collectives import CollectiveCounter  # noqa: E402
 from helpers.engine_paths import ZERO_PATHS, relative_update_error  # noqa: E402
 from helpers.rank_cases import force_fp16_on_cpu, run_cases  # noqa: E402
-from helpers.small_model import micro_batches, mse, sgd_config  # noqa: E402
+from helpers.small_model import micro_batches, mse, rank_share, sgd_config  # noqa: E402
 
 GLOBAL_BATCH, TOKENS = 8, 4
 # The fp64 norm is 0.80: clipping at 0.25 scales every update, so a wrong norm is a wrong update.
@@ -83,7 +83,7 @@ def case(layout, path, micro, gas):
         dp_world, dp_rank = dist.get_world_size() // tp, dist.get_rank() // tp
         per_rank = GLOBAL_BATCH // dp_world
         assert per_rank == micro * gas, f"split {micro} x {gas} x {dp_world} != {GLOBAL_BATCH}"
-        x, y = inputs[dp_rank * per_rank:][:per_rank], targets[dp_rank * per_rank:][:per_rank]
+        x, y = rank_share(inputs, targets, dp_rank, per_rank)  # TP ranks: the same samples
         counts = []
         for batch, target in micro_batches(x, y, micro, gas, dtype=dtype):
             engine.backward(mse(engine(batch), target))
