@@ -15,6 +15,7 @@ import pytest
 from helpers.launch import LaunchesByRanks
 from helpers.rank_results import assert_collectives, assert_norm_matches, assert_update_matches
 from helpers.repo import REPO
+from helpers.selection import cases_by_ranks
 
 WORKER = REPO / "tests" / "workers" / "autotp_norm.py"
 SPLITS = {2: [(8, 1), (4, 2)], 4: [(4, 1), (2, 2)]}
@@ -32,9 +33,8 @@ CASES = [pytest.param(case, marks=pytest.mark.slow) for case in ALL_CASES]
 
 
 @pytest.fixture(scope="module")
-def launched(extensions_dir):
-    return LaunchesByRanks(WORKER, lambda ranks: [name for r, name in ALL_CASES + PER_ITEM_CASES if r == ranks],
-                           extensions_dir)
+def launched(extensions_dir, request):
+    return LaunchesByRanks(WORKER, cases_by_ranks(request, "launched", lambda name: name), extensions_dir)
 
 
 def ids(case):

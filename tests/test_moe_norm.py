@@ -16,6 +16,7 @@ import pytest
 from helpers.launch import LaunchesByRanks
 from helpers.rank_results import assert_collectives, assert_norm_matches, assert_update_matches
 from helpers.repo import REPO
+from helpers.selection import cases_by_ranks
 
 WORKER = REPO / "tests" / "workers" / "moe_norm.py"
 SPLITS = {2: [(4, 1), (2, 2), (1, 4)], 4: [(2, 1), (1, 2)]}
@@ -54,11 +55,7 @@ def tolerance(table, path):
 
 @pytest.fixture(scope="module")
 def launched(extensions_dir, request):
-    slow = request.config.getoption("--run-slow")
-    return LaunchesByRanks(
-        WORKER, lambda ranks:
-        [case_name(path, *split) for path in PATHS for split in SPLITS[ranks] if slow or fast(ranks, path)],
-        extensions_dir)
+    return LaunchesByRanks(WORKER, cases_by_ranks(request, "launched", case_name), extensions_dir)
 
 
 def ids(case):
@@ -104,12 +101,7 @@ PER_ITEM_CASES = [
 
 @pytest.fixture(scope="module")
 def launched_per_item(extensions_dir, request):
-    slow = request.config.getoption("--run-slow")
-    return LaunchesByRanks(
-        WORKER, lambda ranks: [
-            case_name(path, *split) for path in PER_ITEM_PATHS for split in SPLITS[ranks]
-            if slow or (ranks == 2 and path in PER_ITEM_FAST)
-        ], extensions_dir)
+    return LaunchesByRanks(WORKER, cases_by_ranks(request, "launched_per_item", case_name), extensions_dir)
 
 
 @pytest.mark.fork_only  # pristine DeepSpeed has no loss_normalization

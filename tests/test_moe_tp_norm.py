@@ -23,6 +23,7 @@ import pytest
 from helpers.launch import LaunchesByRanks
 from helpers.rank_results import assert_collectives, assert_norm_matches, assert_update_matches
 from helpers.repo import REPO
+from helpers.selection import cases_by_ranks
 from test_moe_norm import NORM_TOLERANCE, UPDATE_TOLERANCE, tolerance
 
 WORKER = REPO / "tests" / "workers" / "moe_tp_norm.py"
@@ -56,12 +57,7 @@ def ids(case):
 
 @pytest.fixture(scope="module")
 def launched(extensions_dir, request):
-    slow = request.config.getoption("--run-slow")
-    return LaunchesByRanks(
-        WORKER, lambda ranks: [
-            case_name(layout, path, *split) for layout in LAYOUTS for path in PATHS for split in SPLITS[ranks]
-            if slow or fast(ranks, layout, path, *split)
-        ], extensions_dir)
+    return LaunchesByRanks(WORKER, cases_by_ranks(request, "launched", case_name), extensions_dir)
 
 
 def results(launched, case):

@@ -53,3 +53,23 @@ class CollectiveCounter:
             setattr(dist, name, original)
         for name, original in self._originals.items():
             setattr(torch.Tensor, name, original)
+
+
+def train_step_counting_collectives(engine, losses):
+    """One optimizer step of ``engine``: ``engine.backward`` of each micro-batch's loss, then
+    ``engine.step()`` with its reducing collectives counted (every micro-batch's: only the boundary's
+    reduces). ``losses`` yields ``(loss, backward keyword arguments)`` per micro-batch, lazily, so each
+    forward runs after the previous micro-batch's step. Returns the collective counts (the boundary step's, the
+    others') and the engine's global grad norm (None where the engine computed none), as a worker reports them."""
+    counts = []
+    for loss, backward_kwargs in losses:
+        engine.backward(loss, **backward_kwargs)
+        with CollectiveCounter() as counter:
+            engine.step()
+        counts.append(len(counter.calls))
+    norm = engine.get_global_grad_norm()
+    return {
+        "collectives_in_boundary_step": counts[-1],
+        "collectives_in_other_steps": counts[:-1],
+        "norm": None if norm is None else float(norm),
+    }

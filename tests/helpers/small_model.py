@@ -43,6 +43,18 @@ def sample_items_loss_sum(output, target, items):
     return (errors * items.to(errors.dtype)).sum(), int(items.sum())
 
 
+def micro_batch_losses(engine, batches, items, per_item, loss=mse):
+    """Per micro-batch, lazily, ``(loss, engine.backward keyword arguments)`` (the ``losses`` of
+    ``collectives.train_step_counting_collectives``): with ``per_item``, the micro-batch's loss sum over its
+    ``items`` and ``num_items``; else ``loss(output, target)``."""
+    for (batch, target), n in zip(batches, items):
+        if per_item:
+            total, count = sample_items_loss_sum(engine(batch).float(), target, n)
+            yield total, {"num_items": count}
+        else:
+            yield loss(engine(batch), target), {}
+
+
 def rank_share(inputs, targets, rank, per_rank):
     """The ``per_rank`` samples of ``rank``, in order."""
     return inputs[rank * per_rank:(rank + 1) * per_rank], targets[rank * per_rank:(rank + 1) * per_rank]

@@ -29,7 +29,7 @@ import torch  # noqa: E402
 import deepspeed  # noqa: E402
 import deepspeed.comm as dist  # noqa: E402
 from helpers.autoep_model import IN, OUT, MixtralNet, fp64_gradients, original_layout  # noqa: E402
-from helpers.collectives import CollectiveCounter  # noqa: E402
+from helpers.collectives import train_step_counting_collectives  # noqa: E402
 from helpers.engine_paths import ZERO_PATHS, relative_update_error  # noqa: E402
 from helpers.rank_cases import force_fp16_on_cpu, run_cases  # noqa: E402
 from helpers.small_model import micro_batches, mse, rank_share, sgd_config  # noqa: E402
@@ -84,13 +84,8 @@ def case(layout, path, micro, gas):
         per_rank = GLOBAL_BATCH // dp_world
         assert per_rank == micro * gas, f"split {micro} x {gas} x {dp_world} != {GLOBAL_BATCH}"
         x, y = rank_share(inputs, targets, dp_rank, per_rank)  # TP ranks: the same samples
-        counts = []
-        for batch, target in micro_batches(x, y, micro, gas, dtype=dtype):
-            engine.backward(mse(engine(batch), target))
-            with CollectiveCounter() as counter:
-                engine.step()
-            counts.append(len(counter.calls))
-        norm = engine.get_global_grad_norm()
+        losses = ((mse(engine(batch), target), {}) for batch, target in micro_batches(x, y, micro, gas, dtype=dtype))
+        step = train_step_counting_collectives(engine, losses)
         after = original_layout(engine.module)
         engine.destroy()
 
@@ -99,8 +94,7 @@ def case(layout, path, micro, gas):
         expected = {name: (w - LR * coef * reference[name]).to(dtype).double() for name, w in before.items()}
         return {
             "optimizer": type(engine.optimizer).__name__,
-            "collectives_in_boundary_step": counts[-1],
-            "norm": None if norm is None else float(norm),
+            **step,
             "reference_norm": reference_norm,
             "clip_coefficient": coef,
             "update_error": relative_update_error(*([d[n] for n in before] for d in (after, expected, before))),

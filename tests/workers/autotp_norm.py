@@ -21,15 +21,15 @@ import torch  # noqa: E402
 
 import deepspeed  # noqa: E402
 import deepspeed.comm as dist  # noqa: E402
-from helpers.collectives import CollectiveCounter  # noqa: E402
+from helpers.collectives import train_step_counting_collectives  # noqa: E402
 from helpers.engine_paths import relative_update_error  # noqa: E402
 from helpers.rank_cases import run_cases  # noqa: E402
 from helpers.small_model import (
     SAMPLE_ITEMS,
     global_batch,
     make_layers,
+    micro_batch_losses,
     micro_batches,
-    mse,
     rank_share,  # noqa: E402
     sample_items_loss_sum,
     sgd_config)
@@ -104,17 +104,8 @@ def case(path, micro, gas):
         assert per_rank == micro * gas, f"{micro} x {gas} x {dp_world} data-parallel != {GLOBAL_BATCH}"
         x, y = rank_share(inputs, targets, dp_rank, per_rank)
         items = ITEMS[dp_rank * per_rank:(dp_rank + 1) * per_rank].split(micro)
-        counts = []
-        for (batch, target), n in zip(micro_batches(x, y, micro, gas), items):
-            if per_item:
-                total, count = sample_items_loss_sum(engine(batch), target, n)
-                engine.backward(total, num_items=count)
-            else:
-                engine.backward(mse(engine(batch), target))
-            with CollectiveCounter() as counter:
-                engine.step()
-            counts.append(len(counter.calls))
-        norm = engine.get_global_grad_norm()
+        losses = micro_batch_losses(engine, micro_batches(x, y, micro, gas), items, per_item)
+        step = train_step_counting_collectives(engine, losses)
         names = [name for name, _ in engine.module.named_parameters()]
         after = [(safe_get_full_fp32_param(p) if stage else p).detach().double() for p in engine.module.parameters()]
         engine.destroy()
@@ -130,8 +121,7 @@ def case(path, micro, gas):
         before = [shard(n, named[n].detach(), tp_rank) for n in names]
         expected = [shard(n, named[n].detach() - LR * coef * named[n].grad, tp_rank) for n in names]
         return {
-            "collectives_in_boundary_step": counts[-1],
-            "norm": None if norm is None else float(norm),
+            **step,
             "reference_norm": reference_norm,
             "update_error": relative_update_error(after, expected, before),
             "data_parallel_rank": dp_rank,

@@ -21,7 +21,7 @@ import torch  # noqa: E402
 
 import deepspeed  # noqa: E402
 import deepspeed.comm as dist  # noqa: E402
-from helpers.collectives import CollectiveCounter  # noqa: E402
+from helpers.collectives import CollectiveCounter, train_step_counting_collectives  # noqa: E402
 from helpers.engine_paths import BF16, FP16, relative_update_error  # noqa: E402
 from helpers.moe_model import MoENet, fp64_gradients, fp64_norm  # noqa: E402
 from helpers.rank_cases import force_fp16_on_cpu, run_cases  # noqa: E402
@@ -178,19 +178,14 @@ def no_norm_case(extra):
                 param.copy_(value)
         torch.nn.functional.mse_loss(reference(inputs.double()), targets.double()).backward()
         x, y = rank_share(inputs, targets, dist.get_rank(), MICRO * GAS)
-        counts = []
-        for batch, target in micro_batches(x, y, MICRO, GAS, dtype):
-            engine.backward(mse(engine(batch), target))
-            with CollectiveCounter() as counter:
-                engine.step()
-            counts.append(len(counter.calls))
-        norm, after = engine.get_global_grad_norm(), weights()
+        losses = ((mse(engine(batch), target), {}) for batch, target in micro_batches(x, y, MICRO, GAS, dtype))
+        step = train_step_counting_collectives(engine, losses)
+        after = weights()
         engine.destroy()
         lr = config["optimizer"]["params"]["lr"]
         expected = [w - lr * p.grad for w, p in zip(before, reference.parameters())]
         return {
-            "collectives_in_boundary_step": counts[-1],
-            "norm": None if norm is None else float(norm),
+            **step,
             "update_error": relative_update_error(after, expected, before),
         }
 
@@ -212,18 +207,12 @@ def muon_case(extra):
         dtype = next(engine.module.parameters()).dtype
         inputs, targets = global_batch(MICRO * GAS * dist.get_world_size())
         x, y = rank_share(inputs, targets, dist.get_rank(), MICRO * GAS)
-        counts = []
-        for batch, target in micro_batches(x, y, MICRO, GAS, dtype):
-            engine.backward(mse(engine(batch), target))
-            with CollectiveCounter() as counter:
-                engine.step()
-            counts.append(len(counter.calls))
-        norm = engine.get_global_grad_norm()
+        losses = ((mse(engine(batch), target), {}) for batch, target in micro_batches(x, y, MICRO, GAS, dtype))
+        step = train_step_counting_collectives(engine, losses)
         weights = torch.cat([safe_get_full_fp32_param(p).detach().flatten() for p in engine.module.parameters()])
         engine.destroy()
         return {
-            "collectives_in_boundary_step": counts[-1],
-            "norm": None if norm is None else float(norm),
+            **step,
             "weights": weights.tolist(),
             "skipped_steps": engine.skipped_steps,
         }
@@ -248,23 +237,16 @@ def moe_case(stage):
                                           }}))
         reference = fp64_norm(*fp64_gradients(model, inputs, targets))
         x, y = rank_share(inputs, targets, dist.get_rank(), MICRO * GAS)
-        counts = []
-        for batch, target in micro_batches(x, y, MICRO, GAS):
-            engine.backward(mse(engine(batch), target))
-            with CollectiveCounter() as counter:
-                engine.step()
-            counts.append(len(counter.calls))
-        norm = engine.get_global_grad_norm()
+        losses = ((mse(engine(batch), target), {}) for batch, target in micro_batches(x, y, MICRO, GAS))
+        step = train_step_counting_collectives(engine, losses)
         for _ in range(2):  # the norm's plan must outlive the step
             for batch, target in micro_batches(x, y, MICRO, GAS):
                 engine.backward(mse(engine(batch), target))
                 engine.step()
         engine.destroy()
         return {
-            "collectives_in_boundary_step": counts[-1],
-            "collectives_in_other_steps": counts[:-1],
+            **step,
             "norm_plan_builds": norm_plan_builds(engine),
-            "norm": None if norm is None else float(norm),
             "reference_norm": reference,
         }
 

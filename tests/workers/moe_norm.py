@@ -16,11 +16,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import deepspeed  # noqa: E402
 import deepspeed.comm as dist  # noqa: E402
-from helpers.collectives import CollectiveCounter  # noqa: E402
+from helpers.collectives import train_step_counting_collectives  # noqa: E402
 from helpers.engine_paths import BF16, FP16, relative_update_error  # noqa: E402
 from helpers.moe_model import MoENet, fp64_gradients, fp64_norm  # noqa: E402
 from helpers.rank_cases import force_fp16_on_cpu, run_cases  # noqa: E402
-from helpers.small_model import SAMPLE_ITEMS, global_batch, sample_items_loss_sum, micro_batches, mse, rank_share  # noqa: E402
+from helpers.small_model import SAMPLE_ITEMS, global_batch, micro_batch_losses, micro_batches, rank_share  # noqa: E402
 
 GLOBAL_BATCH = 8
 LR, CLIP = 0.1, 1.0
@@ -99,17 +99,8 @@ def case(path, micro, gas):
         assert per_rank == micro * gas, f"split {micro} x {gas} x {dist.get_world_size()} != {GLOBAL_BATCH}"
         x, y = rank_share(inputs, targets, dist.get_rank(), per_rank)
         items = ITEMS[dist.get_rank() * per_rank:(dist.get_rank() + 1) * per_rank].split(micro)
-        counts = []
-        for (batch, target), n in zip(micro_batches(x, y, micro, gas, dtype=dtype), items):
-            if per_item:
-                total, count = sample_items_loss_sum(engine(batch).float(), target, n)
-                engine.backward(total, num_items=count)
-            else:
-                engine.backward(mse(engine(batch), target))
-            with CollectiveCounter() as counter:
-                engine.step()
-            counts.append(len(counter.calls))
-        norm = engine.get_global_grad_norm()
+        losses = micro_batch_losses(engine, micro_batches(x, y, micro, gas, dtype=dtype), items, per_item)
+        step = train_step_counting_collectives(engine, losses)
         after = [p.detach().double() for p in own_parameters(engine.module)]
         engine.destroy()
 
@@ -123,8 +114,7 @@ def case(path, micro, gas):
             update_error = relative_update_error(after, expected, before)
         return {
             "optimizer": type(engine.optimizer).__name__,
-            "collectives_in_boundary_step": counts[-1],
-            "norm": None if norm is None else float(norm),
+            **step,
             "reference_norm": reference_norm,
             "clip_coefficient": coef,
             "update_error": update_error,

@@ -37,7 +37,7 @@ import torch  # noqa: E402
 
 import deepspeed  # noqa: E402
 import deepspeed.comm as dist  # noqa: E402
-from helpers.collectives import CollectiveCounter  # noqa: E402
+from helpers.collectives import train_step_counting_collectives  # noqa: E402
 from helpers.engine_paths import ZERO_PATHS, relative_update_error  # noqa: E402
 from helpers.moe_model import forget_expert_groups, linear, top1_moe  # noqa: E402
 from helpers.rank_cases import force_fp16_on_cpu, run_cases  # noqa: E402
@@ -329,13 +329,8 @@ def case(layout, path, micro, gas):
         per_rank = GLOBAL_BATCH // dp_world
         assert per_rank == micro * gas, f"split {micro} x {gas} x {dp_world} != {GLOBAL_BATCH}"
         x, y = rank_share(inputs, targets, dp_rank, per_rank)  # tensor-parallel ranks: the same samples
-        counts = []
-        for batch, target in micro_batches(x, y, micro, gas, dtype=dtype):
-            engine.backward(mse(engine(batch), target))
-            with CollectiveCounter() as counter:
-                engine.step()
-            counts.append(len(counter.calls))
-        norm = engine.get_global_grad_norm()
+        losses = ((mse(engine(batch), target), {}) for batch, target in micro_batches(x, y, micro, gas, dtype=dtype))
+        step = train_step_counting_collectives(engine, losses)
         after = [p.detach().double() for p in module.own()]
         locals_ = [module.global_expert_index(i) for i in range(len(module.local_experts()))]
         own_expert_grads = [module.local_experts()[i].own(expert_grads[e]) for i, e in enumerate(locals_)]
@@ -348,8 +343,7 @@ def case(layout, path, micro, gas):
         return {
             "optimizer": type(engine.optimizer).__name__,
             "experts_held": locals_,
-            "collectives_in_boundary_step": counts[-1],
-            "norm": None if norm is None else float(norm),
+            **step,
             "reference_norm": reference_norm,
             "clip_coefficient": coef,
             "update_error": relative_update_error(after, expected, before),

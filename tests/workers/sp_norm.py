@@ -24,13 +24,14 @@ import torch  # noqa: E402
 
 import deepspeed  # noqa: E402
 import deepspeed.comm as dist  # noqa: E402
-from helpers.collectives import CollectiveCounter  # noqa: E402
+from helpers.collectives import train_step_counting_collectives  # noqa: E402
 from helpers.engine_paths import relative_update_error  # noqa: E402
 from helpers.rank_cases import run_cases  # noqa: E402
 from helpers.small_model import (
     SAMPLE_ITEMS,
     global_batch,
     make_layers,
+    micro_batch_losses,
     micro_batches,
     rank_share,  # noqa: E402
     sample_items_loss_sum,
@@ -81,19 +82,13 @@ def case(path, sp, micro, gas):
         x, y = rank_share(inputs, targets, dist.get_rank(), per_rank)
         elements = targets.numel()
         items = ITEMS[dist.get_rank() * per_rank:(dist.get_rank() + 1) * per_rank].split(micro)
-        counts = []
-        for (batch, target), n in zip(micro_batches(x, y, micro, gas), items):
-            if per_item:
-                total, count = sample_items_loss_sum(engine(batch), target, n)
-                engine.backward(total, num_items=count)
-            else:
-                # The chunk's share of the global mean, times the DP x GAS average the engine applies.
-                loss = ((engine(batch) - target)**2).sum() / elements * dp * gas
-                engine.backward(loss)
-            with CollectiveCounter() as counter:
-                engine.step()
-            counts.append(len(counter.calls))
-        norm = engine.get_global_grad_norm()
+
+        def chunk_loss(output, target):
+            # The chunk's share of the global mean, times the DP x GAS average the engine applies.
+            return ((output - target)**2).sum() / elements * dp * gas
+
+        losses = micro_batch_losses(engine, micro_batches(x, y, micro, gas), items, per_item, chunk_loss)
+        step = train_step_counting_collectives(engine, losses)
         after = [(safe_get_full_fp32_param(p) if engine.zero_optimization() else p).detach().double()
                  for p in engine.module.parameters()]
         engine.destroy()
@@ -110,8 +105,7 @@ def case(path, sp, micro, gas):
         coef = min(1.0, CLIP / (reference_norm + 1e-6))
         expected = [w - LR * coef * g for w, g in zip(before, grads)]
         return {
-            "collectives_in_boundary_step": counts[-1],
-            "norm": None if norm is None else float(norm),
+            **step,
             "reference_norm": reference_norm,
             "update_error": relative_update_error(after, expected, before),
         }
