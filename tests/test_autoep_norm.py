@@ -6,7 +6,8 @@
 tests/workers/autoep_norm.py lets AutoEP convert a Mixtral-style MoE block (4 experts, top 2, expert
 parallel 2) and trains one global batch of 8 at every micro-batch x GAS split, alone (``ep2``) and folded
 with AutoTP (``ep2_tp2``: 2 TP ranks holding every weight whole, the engine correcting the folded
-gradients). Regression test for patch 0028: BF16_Optimizer corrected only the first micro-batch of a step
+gradients; ``ep2_tp2_split``: the same with a dense MLP pair that AutoTP splits column- and row-parallel,
+``--run-slow``). Regression test for patch 0028: BF16_Optimizer corrected only the first micro-batch of a step
 under folding (norm 3.2-4.9% high at GAS 2 and 4, update 19-27% off). 0.19.8 reports no norm on ZeRO-0
 fp32, its folded ZeRO-1/2 norm is 0.79% off, and its BF16_Optimizer raises under folding on the TP rank with
 no dense gradient to count (patch 0027) while the other waits: that launch hangs until its timeout
@@ -29,6 +30,10 @@ SPLITS = {
         4: [(2, 1), (1, 2)]
     },
     "ep2_tp2": {
+        2: [(8, 1), (4, 2), (2, 4)],
+        4: [(4, 1), (2, 2), (1, 4)]
+    },
+    "ep2_tp2_split": {
         2: [(8, 1), (4, 2), (2, 4)],
         4: [(4, 1), (2, 2), (1, 4)]
     },

@@ -8,7 +8,8 @@ back from AutoEP's layout to the original one (for an fp64 reference on the unco
 and the experts' fused 3-D weights (``gate_up_proj``: gate and up rows stacked; ``down_proj``), which is what
 AutoEP's ``mixtral`` preset replaces. AutoEP renames the router ``router.gate`` and splits the experts into
 ``w1`` (gate rows), ``w3`` (up rows) and ``w2`` (down), each rank holding the experts of its expert-parallel
-rank, consecutive.
+rank, consecutive. With ``dense_pair``, a dense MLP before the block (``pre_up``, ``pre_down``, with a residual)
+gives AutoTP a column- and a row-parallel linear to split.
 """
 
 import torch
@@ -16,6 +17,7 @@ import torch
 import deepspeed.comm as dist
 
 IN, HIDDEN, FFN, OUT = 8, 16, 24, 4
+DENSE_FFN = 8  # the dense pair's inner width
 EXPERTS, TOP_K = 4, 2
 
 
@@ -57,9 +59,10 @@ class MixtralBlock(torch.nn.Module):
 
 
 class MixtralNet(torch.nn.Module):
-    """Linear, tanh, the MoE block with a residual, linear: ``(batch, tokens, IN) -> (batch, tokens, OUT)``."""
+    """Linear, tanh, (with ``dense_pair``: a dense MLP with a residual,) the MoE block with a residual, linear:
+    ``(batch, tokens, IN) -> (batch, tokens, OUT)``."""
 
-    def __init__(self, seed=0):
+    def __init__(self, seed=0, dense_pair=False):
         super().__init__()
         torch.manual_seed(seed)
         self.config = MixtralConfig()
@@ -69,15 +72,26 @@ class MixtralNet(torch.nn.Module):
         layer.mlp = MixtralBlock()
         self.model.layers = torch.nn.ModuleList([layer])
         self.out = torch.nn.Linear(HIDDEN, OUT)
+        self.dense_pair = dense_pair
+        if dense_pair:
+            self.pre_up = torch.nn.Linear(HIDDEN, DENSE_FFN)
+            self.pre_down = torch.nn.Linear(DENSE_FFN, HIDDEN)
 
     def forward(self, x):
         hidden = torch.tanh(self.inp(x))
+        if self.dense_pair:
+            hidden = hidden + self.pre_down(torch.tanh(self.pre_up(hidden)))
         return self.out(hidden + self.model.layers[0].mlp(hidden))
+
+
+# Where AutoTP splits the dense pair (column-parallel ``pre_up``, row-parallel ``pre_down``): name -> dim.
+SPLIT_DIMS = {"pre_up.weight": 0, "pre_up.bias": 0, "pre_down.weight": 1}
 
 
 def original_layout(module):
     """The parameters of an AutoEP-converted ``MixtralNet`` by their names in the unconverted one, in fp64,
-    the experts gathered over the expert-parallel group (collective: every rank calls it)."""
+    the experts gathered over the expert-parallel group and the dense pair's slices, where AutoTP split it,
+    over the tensor-parallel group (collective: every rank calls it)."""
     from deepspeed.module_inject.auto_ep_layer import AutoEPMoELayer
     layer = module.model.layers[0].mlp
     assert isinstance(layer, AutoEPMoELayer), f"AutoEP did not convert the MoE block: {type(layer).__name__}"
@@ -92,6 +106,15 @@ def original_layout(module):
         dist.all_gather(parts, weight.detach().contiguous(), group=layer.ep_group)
         return torch.cat(parts).double()
 
+    split = getattr(module, "pre_up", None) is not None and module.pre_up.weight.shape[0] < DENSE_FFN
+    if split:
+        from deepspeed.utils import groups
+        tp_group = groups.get_tensor_model_parallel_group()
+        for name, dim in SPLIT_DIMS.items():
+            parts = [torch.empty_like(params[name]) for _ in range(dist.get_world_size(group=tp_group))]
+            dist.all_gather(parts, params[name].contiguous(), group=tp_group)
+            params[name] = torch.cat(parts, dim=dim)
+
     experts = layer.experts
     params[prefix + "experts.gate_up_proj"] = torch.cat([gathered(experts.w1), gathered(experts.w3)], dim=1)
     params[prefix + "experts.down_proj"] = gathered(experts.w2)
@@ -101,7 +124,7 @@ def original_layout(module):
 def fp64_gradients(weights, inputs, targets):
     """The fp64 gradients of the mean-square loss over the whole batch, of the unconverted ``MixtralNet``
     holding ``weights`` (``original_layout``'s names), by name."""
-    reference = MixtralNet().double()
+    reference = MixtralNet(dense_pair="pre_up.weight" in weights).double()
     reference.load_state_dict(weights)
     torch.nn.functional.mse_loss(reference(inputs.double()), targets.double()).backward()
     return {name: param.grad for name, param in reference.named_parameters()}

@@ -14,6 +14,9 @@ Layouts, one per launch (AutoEP and AutoTP build their process groups once per p
   of AutoEP's own parity tests): the 2 TP ranks of a data-parallel rank see the same samples and are its
   expert-parallel ranks; the engine corrects the folded gradients (experts divided by the TP size, the
   router averaged over the TP ranks).
+- ``ep2_tp2_split``: the same with a dense MLP pair before the MoE block that AutoTP splits (column-parallel
+  ``pre_up``, row-parallel ``pre_down``): the folding leaves their gradients to tensor parallelism, and the
+  norm counts their slices on every TP rank and the rest once.
 
 Case names are ``<path>_m<micro>_g<gas>``; the layout is the worker's argument (``--layout``).
 """
@@ -38,7 +41,14 @@ GLOBAL_BATCH, TOKENS = 8, 4
 # The fp64 norm is 0.80: clipping at 0.25 scales every update, so a wrong norm is a wrong update.
 LR, CLIP = 0.1, 0.25
 EP = 2
-LAYOUTS = {"ep2": 1, "ep2_tp2": 2}  # layout -> autotp_size
+LAYOUTS = {"ep2": 1, "ep2_tp2": 2, "ep2_tp2_split": 2}  # layout -> autotp_size
+SPLIT_SPECS = [{
+    "patterns": [".*pre_up\\.weight$"],
+    "partition_type": "column"
+}, {
+    "patterns": [".*pre_down\\.weight$"],
+    "partition_type": "row"
+}]
 PATHS = ZERO_PATHS  # path -> (config, ZeRO stage)
 
 
@@ -49,14 +59,13 @@ def config(layout, path, micro, gas):
     cfg["zero_optimization"] = {"stage": stage}
     cfg["expert_parallel"] = {"enabled": True, "autoep_size": EP, "preset_model": "mixtral", "use_grouped_mm": False}
     if LAYOUTS[layout] > 1:
+        skip_the_rest = [{"patterns": [".*\\.weight$"], "partition_type": "skip"}]
+        specs = (SPLIT_SPECS if layout.endswith("_split") else []) + skip_the_rest
         cfg["tensor_parallel"] = {
             "autotp_size": LAYOUTS[layout],
             "partition_config": {
                 "use_default_specs": False,
-                "layer_specs": [{
-                    "patterns": [".*\\.weight$"],
-                    "partition_type": "skip"
-                }],
+                "layer_specs": specs
             },
         }
     return cfg
@@ -71,7 +80,7 @@ def case(layout, path, micro, gas):
 
     def run():
         cfg = config(layout, path, micro, gas)
-        engine, *_ = deepspeed.initialize(model=MixtralNet(), config=cfg)
+        engine, *_ = deepspeed.initialize(model=MixtralNet(dense_pair=layout.endswith("_split")), config=cfg)
         dtype = next(engine.module.parameters()).dtype
         inputs, targets = global_batch()
         inputs = inputs.to(dtype).float()  # the engine sees these values: the reference too
