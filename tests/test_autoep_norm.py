@@ -8,7 +8,8 @@ parallel 2) and trains one global batch of 8 at every micro-batch x GAS split, a
 with AutoTP (``ep2_tp2``: 2 TP ranks holding every weight whole, the engine correcting the folded
 gradients; ``ep2_tp2_split``: the same with a dense MLP pair that AutoTP splits column- and row-parallel,
 ``--run-slow``). Regression test for patch 0028: BF16_Optimizer corrected only the first micro-batch of a step
-under folding (norm 3.2-4.9% high at GAS 2 and 4, update 19-27% off). 0.19.8 reports no norm on ZeRO-0
+under folding (norm 3.2-4.9% high at GAS 2 and 4, update 19-27% off); and for patch 0029: ZeRO-3 took its
+norm in 3 collectives (4 folded). 0.19.8 reports no norm on ZeRO-0
 fp32, its folded ZeRO-1/2 norm is 0.79% off, and its BF16_Optimizer raises under folding on the TP rank with
 no dense gradient to count (patch 0027) while the other waits: that launch hangs until its timeout
 (against 0.19.8, ``-k "not (ep2_tp2 and bf16_fp32)"`` leaves the case out of the launch). docs/grad_norm.md
@@ -38,7 +39,10 @@ SPLITS = {
         4: [(4, 1), (2, 2), (1, 4)]
     },
 }
-PATHS = ["zero0_fp32", "zero0_fp16", "zero1_fp32", "zero2_fp32", "zero1_bf16_fp32_accumulation", "zero2_bf16"]
+PATHS = [
+    "zero0_fp32", "zero0_fp16", "zero1_fp32", "zero2_fp32", "zero1_bf16_fp32_accumulation", "zero2_bf16", "zero3_fp32",
+    "zero3_bf16"
+]
 # Norm: fp32 is the norm's own rounding; fp16/bf16 gradients come from 11/8-bit weights (0.14% seen in
 # bf16). Update: against the fp64 update rounded to the weights' dtype, relative to the update's size. The
 # step is 3e-3 of the weights, about a bf16 weight's last bit, so bf16 rounding flips alone reach 7.1% (ZeRO-2

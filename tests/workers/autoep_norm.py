@@ -33,7 +33,7 @@ import deepspeed  # noqa: E402
 import deepspeed.comm as dist  # noqa: E402
 from helpers.autoep_model import IN, OUT, MixtralNet, fp64_gradients, original_layout  # noqa: E402
 from helpers.collectives import train_step_counting_collectives  # noqa: E402
-from helpers.engine_paths import ZERO_PATHS, relative_update_error  # noqa: E402
+from helpers.engine_paths import BF16, ZERO_PATHS, relative_update_error  # noqa: E402
 from helpers.rank_cases import force_fp16_on_cpu, run_cases  # noqa: E402
 from helpers.small_model import micro_batches, mse, rank_share, sgd_config  # noqa: E402
 
@@ -49,7 +49,7 @@ SPLIT_SPECS = [{
     "patterns": [".*pre_down\\.weight$"],
     "partition_type": "row"
 }]
-PATHS = ZERO_PATHS  # path -> (config, ZeRO stage)
+PATHS = dict(ZERO_PATHS, zero3_fp32=({}, 3), zero3_bf16=(BF16, 3))  # path -> (config, ZeRO stage)
 
 
 def config(layout, path, micro, gas):
@@ -71,6 +71,14 @@ def config(layout, path, micro, gas):
     return cfg
 
 
+def whole_layout(engine):
+    """``original_layout`` of the engine's module; under ZeRO-3 with its partitioned parameters gathered."""
+    if engine.zero_optimization_stage() < 3:
+        return original_layout(engine.module)
+    with deepspeed.zero.GatheredParameters(list(engine.module.parameters())):
+        return original_layout(engine.module)
+
+
 def global_batch():
     gen = torch.Generator().manual_seed(4321)
     return torch.randn(GLOBAL_BATCH, TOKENS, IN, generator=gen), torch.randn(GLOBAL_BATCH, TOKENS, OUT, generator=gen)
@@ -84,7 +92,7 @@ def case(layout, path, micro, gas):
         dtype = next(engine.module.parameters()).dtype
         inputs, targets = global_batch()
         inputs = inputs.to(dtype).float()  # the engine sees these values: the reference too
-        before = original_layout(engine.module)  # the weights as the engine holds them (rounded to its dtype)
+        before = whole_layout(engine)  # the weights as the engine holds them (rounded to its dtype)
         reference = fp64_gradients(before, inputs, targets)
         reference_norm = float(torch.linalg.vector_norm(torch.cat([g.flatten() for g in reference.values()])))
 
@@ -95,7 +103,7 @@ def case(layout, path, micro, gas):
         x, y = rank_share(inputs, targets, dp_rank, per_rank)  # TP ranks: the same samples
         losses = ((mse(engine(batch), target), {}) for batch, target in micro_batches(x, y, micro, gas, dtype=dtype))
         step = train_step_counting_collectives(engine, losses)
-        after = original_layout(engine.module)
+        after = whole_layout(engine)
         engine.destroy()
 
         coef = min(1.0, CLIP / (reference_norm + 1e-6))

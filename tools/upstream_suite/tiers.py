@@ -93,6 +93,10 @@ FULL_TIER_COVERAGE = (
              "Muon on ZeRO 1-3, fp16, clipping 1.0: skips on a CPU (no fp16 there); GPU tier"),
     _covered("unit/checkpoint/test_moe_checkpoint.py", "0009 0017",
              "MoE checkpoints: fp16 only, fail on pristine 0.19.8 too on a CPU; GPU tier"),
+    _covered(
+        "unit/v1/moe/test_autoep_integration.py", "0029",
+        "AutoEP on ZeRO-3: training steps, checkpoints and expert replica groups, each step choosing the norm's "
+        "path (about 10 minutes of distributed cases here); tests/test_autoep_norm.py covers it with --run-slow"),
 )
 
 # Patches whose changed lines no upstream test runs on a CPU, and why (docs/upstream_suite.md repeats it).
