@@ -101,19 +101,17 @@ def original_layout(module):
         if not name.startswith(prefix + "experts."):
             params[name.replace("mlp.router.gate.", "mlp.gate.")] = param.detach().double()
 
-    def gathered(weight):
-        parts = [torch.empty_like(weight.detach()) for _ in range(dist.get_world_size(group=layer.ep_group))]
-        dist.all_gather(parts, weight.detach().contiguous(), group=layer.ep_group)
-        return torch.cat(parts).double()
+    def gathered(weight, group=layer.ep_group, dim=0):
+        parts = [torch.empty_like(weight.detach()) for _ in range(dist.get_world_size(group=group))]
+        dist.all_gather(parts, weight.detach().contiguous(), group=group)
+        return torch.cat(parts, dim=dim).double()
 
     split = getattr(module, "pre_up", None) is not None and module.pre_up.weight.shape[0] < DENSE_FFN
     if split:
         from deepspeed.utils import groups
         tp_group = groups.get_tensor_model_parallel_group()
         for name, dim in SPLIT_DIMS.items():
-            parts = [torch.empty_like(params[name]) for _ in range(dist.get_world_size(group=tp_group))]
-            dist.all_gather(parts, params[name].contiguous(), group=tp_group)
-            params[name] = torch.cat(parts, dim=dim)
+            params[name] = gathered(params[name], tp_group, dim)
 
     experts = layer.experts
     params[prefix + "experts.gate_up_proj"] = torch.cat([gathered(experts.w1), gathered(experts.w3)], dim=1)
