@@ -54,6 +54,7 @@ NO_NORM_CASES = {"zero1_no_norm_fp32": (0, 1e-6), "zero2_no_norm_fp32": (0, 1e-6
 # Muon (2-D weights orthogonalized, the rest Adam): its fp16 update carries no loss scale, so the
 # norm scales its squares back; every case takes one collective (0.19.8: 2 in fp32, 3 in fp16).
 MUON_CASES = ["zero1_muon_fp32", "zero2_muon_fp32", "zero1_muon_fp16", "zero2_muon_fp16", "zero2_offload_muon_fp16"]
+UNUSED_PARAMETER_CASES = ["zero2_offload_unused_parameter_refused", "zero2_offload_unused_parameter_ignored"]
 PIPELINE_CASES = ["pipeline_buffer_dtype", "pipeline_fp32_norm", "pipeline_tied_fp32_norm", "pipeline_fp16_norm"]
 
 
@@ -63,11 +64,12 @@ def tolerance(case):
 
 @pytest.fixture(scope="module")
 def launched(extensions_dir):
-    return launch_cases(WORKER,
-                        nprocs=2,
-                        cases=[*COLLECTIVES, *OVERFLOW_CASES, *NO_NORM_CASES, *MUON_CASES, *PIPELINE_CASES],
-                        extensions_dir=extensions_dir,
-                        timeout=900)
+    return launch_cases(
+        WORKER,
+        nprocs=2,
+        cases=[*COLLECTIVES, *OVERFLOW_CASES, *NO_NORM_CASES, *MUON_CASES, *UNUSED_PARAMETER_CASES, *PIPELINE_CASES],
+        extensions_dir=extensions_dir,
+        timeout=900)
 
 
 @pytest.mark.parametrize("case", sorted(COLLECTIVES))
@@ -135,6 +137,19 @@ def test_compute_grad_norm_false_takes_no_norm(launched, case):
         assert result["norm"] is None, f"rank {rank}: {result}"
         assert result["collectives_in_boundary_step"] == collectives, f"rank {rank}: {result}"
         assert result["update_error"] <= update_tolerance, f"rank {rank}: {result}"
+
+
+def test_offload_refuses_an_unused_parameter_unless_told_to_ignore_it(launched):
+    """ZeRO-2 with CPU offload, a trainable parameter unused in the loss (in both ranks' partitions): with
+    ``zero_optimization.ignore_unused_parameters`` false every rank raises upstream's AssertionError naming
+    the option (the check sat in the per-group offload norm, which the single collective replaced; 0.19.8
+    raises too); with it true the norm is that of the used parameters. The fork lost the check once, found
+    by upstream's test_ignore_unused_parameters.py in the full tier (patch 0009)."""
+    for rank, result in enumerate(launched.case("zero2_offload_unused_parameter_refused")):
+        assert result["raised"] and "ignore_unused_parameters" in result["raised"], f"rank {rank}: {result}"
+    for rank, result in enumerate(launched.case("zero2_offload_unused_parameter_ignored")):
+        assert result["raised"] is None, f"rank {rank}: {result}"
+        assert result["norm"] == pytest.approx(result["reference_norm"], rel=TOLERANCE["fp32"]), f"rank {rank}"
 
 
 @pytest.mark.parametrize("case", [c for c in MUON_CASES if "fp16" in c])

@@ -162,6 +162,40 @@ def test_runner_records_every_outcome_and_survives_hangs_and_crashes(tmp_path):
         SideOutcomes(tmp_path / "results.json", {"who": "someone else"})
 
 
+UPSTREAM_LIKE_COMMON = '''
+def get_master_port(base_port=29500, port_range_size=1000):
+    return str(base_port)  # upstream's: the first free port from 29500, alike in every process
+'''
+
+PORT_TEST = '''
+import socket
+
+from unit import common
+
+
+def test_master_port():
+    port = common.get_master_port()
+    assert port != "29500", "every process starts its search at 29500"
+    with socket.socket() as sock:
+        sock.bind(("", int(port)))
+'''
+
+
+def test_each_distributed_test_gets_a_master_port_the_os_chose(tmp_path):
+    """Two pytest processes starting a DistributedTest at once took upstream's first free port from 29500 both
+    (a prefix tier beside the full tier: one test hung to upstream's timeout): the plugin swaps in a port the OS
+    chose, once ``unit.common`` is imported."""
+    tests = tmp_path / "tests"
+    (tests / "unit").mkdir(parents=True)
+    (tests / "unit" / "__init__.py").write_text("")
+    (tests / "unit" / "common.py").write_text(UPSTREAM_LIKE_COMMON)
+    (tests / "unit" / "test_port.py").write_text(PORT_TEST)
+    side = Side("fork", sys.executable, tmp_path / "ext", package_dir=str(tmp_path))
+    outcomes = SideOutcomes(tmp_path / "results.json", {"who": "test"})
+    run_unit(side, Unit("unit/test_port.py"), tests, outcomes, timeout_s=60, log_dir=tmp_path / "logs", local_size=0)
+    assert [result["outcome"] for result in outcomes.tests.values()] == ["passed"], outcomes.tests
+
+
 def test_a_fork_built_from_another_commit_resumes_but_other_code_or_packages_do_not(tmp_path):
     """The full tier takes several sittings, on whatever machine each gets: the same code built from another
     commit (only the build's git stamp differs) resumes; a changed module or package does not, and the

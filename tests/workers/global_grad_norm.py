@@ -192,6 +192,58 @@ def no_norm_case(extra):
     return run
 
 
+class WithUnusedParameter(torch.nn.Module):
+    """``layers`` in sequence, and a trainable weight the forward never uses: four times the rest's size,
+    so that it lies in both ranks' ZeRO partitions (the check is per partition: a rank whose partition
+    missed it would go on to the norm's collective alone)."""
+
+    def __init__(self, layers):
+        super().__init__()
+        self.used = torch.nn.Sequential(*layers)
+        size = sum(p.numel() for p in self.used.parameters())
+        self.unused = torch.nn.Parameter(torch.zeros(4 * size))
+
+    def forward(self, x):
+        return self.used(x)
+
+
+def unused_parameter_case(ignore):
+    """ZeRO-2 with CPU offload and a trainable parameter unused in producing the loss: upstream's offload
+    norm asserts, naming ``zero_optimization.ignore_unused_parameters``, unless that option is true; then
+    it takes the norm of the used parameters. The single collective replaced that norm (patch 0009 keeps
+    the check). Returns the assertion's message (None when none was raised) and the norm."""
+
+    def run():
+        layers = make_layers()
+        model = WithUnusedParameter(copy.deepcopy(layers))
+        config = base_config(zero(2, ignore_unused_parameters=ignore, **OFFLOAD))
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+        in_partition = any(p is model.unused for group in engine.optimizer.params_in_partition for p in group)
+        everywhere = torch.tensor([float(in_partition)])
+        dist.all_reduce(everywhere, op=dist.ReduceOp.MIN)
+        if not everywhere.item():  # on every rank alike: the test's premise, not the check, is broken
+            raise AssertionError("the unused parameter is not in every rank's partition")
+        inputs, targets = global_batch(MICRO * GAS * dist.get_world_size())
+        x, y = rank_share(inputs, targets, dist.get_rank(), MICRO * GAS)
+        raised = None
+        for batch, target in micro_batches(x, y, MICRO, GAS):
+            engine.backward(mse(engine(batch), target))
+            try:
+                engine.step()
+            except AssertionError as error:
+                raised = str(error)
+                break
+        norm = engine.get_global_grad_norm() if raised is None else None
+        engine.destroy()
+        return {
+            "raised": raised,
+            "norm": None if norm is None else float(norm),
+            "reference_norm": reference_norm(layers, inputs, targets),
+        }
+
+    return run
+
+
 def muon_case(extra):
     """The Muon optimizer (2-D weights orthogonalized, the rest Adam), clipping 1.0: the norm (of the
     Muon updates and the other gradients together, the quantity its clip uses) and the collectives of
@@ -411,6 +463,8 @@ CASES = {
     "zero2_offload_muon_fp16": muon_case(dict(FP16, **zero(2, **OFFLOAD))),
     "zero1_moe_fp32": moe_case(1),
     "zero2_moe_fp32": moe_case(2),
+    "zero2_offload_unused_parameter_refused": unused_parameter_case(ignore=False),
+    "zero2_offload_unused_parameter_ignored": unused_parameter_case(ignore=True),
     "pipeline_buffer_dtype": pipeline_buffer_dtype,
     "pipeline_tied_fp32_norm": pipeline_tied_fp32_norm,
     "pipeline_fp16_norm": pipeline_fp16_norm,

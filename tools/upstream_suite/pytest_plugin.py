@@ -9,11 +9,15 @@ every finished test's outcome even when the process is killed or crashes later.
 
 Events: ``collected`` (all test ids), ``collect_error`` (a file or class that failed to import),
 ``start`` (a test began), ``result`` (a test ended: outcome and the first line of its reason).
+
+It also gives each DistributedTest a master port the OS picks (``free_master_port``).
 """
 
 import json
 import os
 import re
+import socket
+import sys
 import time
 
 EVENTS_VAR = "UPSTREAM_SUITE_EVENTS"
@@ -96,7 +100,21 @@ def outcome_of(reports):
     return "passed", ""
 
 
+def free_master_port(base_port=29500, port_range_size=1000):
+    """A free port, chosen by the OS, for ``unit.common.get_master_port``. Upstream's takes the first free port
+    from 29500, the same one in every pytest process, and a port stays free until the test's rank 0 binds it,
+    seconds after: two processes starting a DistributedTest at once (two tiers on one machine, the fork and
+    pristine sides of two runs) took the same port, and one side's ranks joined the other's rendezvous (a
+    test hung until upstream's timeout: ``Test hanged, exiting``). Its arguments are upstream's, unused."""
+    with socket.socket() as sock:
+        sock.bind(("", 0))
+        return str(sock.getsockname()[1])
+
+
 def pytest_collection_finish(session):
+    common = sys.modules.get("unit.common")  # imported by the collected test files that use DistributedTest
+    if common is not None and hasattr(common, "get_master_port"):
+        common.get_master_port = free_master_port
     _emit({"event": "collected", "ids": [item.nodeid for item in session.items]})
 
 
