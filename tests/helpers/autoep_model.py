@@ -88,20 +88,24 @@ class MixtralNet(torch.nn.Module):
 SPLIT_DIMS = {"pre_up.weight": 0, "pre_up.bias": 0, "pre_down.weight": 1}
 
 
-def original_layout(module):
-    """The parameters of an AutoEP-converted ``MixtralNet`` by their names in the unconverted one, in fp64,
-    the experts gathered over the expert-parallel group and the dense pair's slices, where AutoTP split it,
-    over the tensor-parallel group (collective: every rank calls it)."""
+def original_layout(module, blocks=1):
+    """The parameters of an AutoEP-converted module (``MixtralNet``, or any model with Mixtral's MoE blocks) by
+    their names in the unconverted one, in fp64, the experts gathered over the expert-parallel group and the
+    dense pair's slices, where AutoTP split it, over the tensor-parallel group (collective: every rank calls
+    it). ``blocks``: how many MoE blocks AutoEP must have converted (an unconverted block would leave the
+    names as they were, and the reference would check nothing of AutoEP's)."""
     from deepspeed.module_inject.auto_ep_layer import AutoEPMoELayer
-    layer = module.model.layers[0].mlp
-    assert isinstance(layer, AutoEPMoELayer), f"AutoEP did not convert the MoE block: {type(layer).__name__}"
-    prefix = "model.layers.0.mlp."
+    layers = {name: layer for name, layer in module.named_modules() if isinstance(layer, AutoEPMoELayer)}
+    assert len(layers) == blocks, f"AutoEP converted {sorted(layers)}, not {blocks} MoE block(s)"
     params = {}
     for name, param in module.named_parameters():
-        if not name.startswith(prefix + "experts."):
-            params[name.replace("mlp.router.gate.", "mlp.gate.")] = param.detach().double()
+        owner = next((prefix for prefix in layers if name.startswith(prefix + ".")), None)
+        if owner is None:
+            params[name] = param.detach().double()
+        elif not name.startswith(owner + ".experts."):
+            params[name.replace(owner + ".router.gate.", owner + ".gate.")] = param.detach().double()
 
-    def gathered(weight, group=layer.ep_group, dim=0):
+    def gathered(weight, group, dim=0):
         parts = [torch.empty_like(weight.detach()) for _ in range(dist.get_world_size(group=group))]
         dist.all_gather(parts, weight.detach().contiguous(), group=group)
         return torch.cat(parts, dim=dim).double()
@@ -113,9 +117,11 @@ def original_layout(module):
         for name, dim in SPLIT_DIMS.items():
             params[name] = gathered(params[name], tp_group, dim)
 
-    experts = layer.experts
-    params[prefix + "experts.gate_up_proj"] = torch.cat([gathered(experts.w1), gathered(experts.w3)], dim=1)
-    params[prefix + "experts.down_proj"] = gathered(experts.w2)
+    for prefix, layer in layers.items():
+        experts, group = layer.experts, layer.ep_group
+        params[prefix + ".experts.gate_up_proj"] = torch.cat(
+            [gathered(experts.w1, group), gathered(experts.w3, group)], dim=1)
+        params[prefix + ".experts.down_proj"] = gathered(experts.w2, group)
     return params
 
 
