@@ -13,6 +13,7 @@ import pytest
 
 from helpers.launch import LaunchesByRanks
 from helpers.repo import REPO
+from helpers.selection import selected_callspecs
 
 pytestmark = pytest.mark.fork_only  # pristine DeepSpeed has no loss_normalization (it refuses num_items)
 
@@ -61,26 +62,37 @@ def dtype_of(path):
     return next((name for name in ("bf16", "fp16") if name in path), "fp32")
 
 
-def cases_for(ranks, slow):
+def cases_for(ranks):
+    """Every case at ``ranks``, in launch order (a launch runs the ones its selected tests read, in this order)."""
     if ranks == 2:
         pipeline = PIPELINE_PATHS + PIPELINE_MEAN_MODE + list(PIPELINE_REFUSALS) + list(LAST_REFUSALS)
         return PATHS + MEAN_MODE + NO_ITEMS + COUNT_CASES + list(REFUSALS) + pipeline
-    if not slow:
-        return []
     wide = AT_EVERY_RANK_COUNT + ["zero1_fp32_mean_mode"]
     return wide if ranks == 1 else wide + ["pipe2_zero1_fp32_clip", "pipe2_fp32_clip", "pipe2_zero1_fp32_mean_mode"]
 
 
+def cases_read_by(params):
+    """(ranks, case) pairs a test with these parameters reads: ``ranks, path``; a ``path`` on 2 ranks with its
+    mean-mode twin; or a ``case`` on 2 ranks."""
+    if "ranks" in params:
+        return [(params["ranks"], params["path"])]
+    if "path" in params:
+        return [(2, params["path"]), (2, f"{params['path']}_mean_mode")]
+    return [(2, params["case"])]
+
+
 @pytest.fixture(scope="module")
 def launched(extensions_dir, request):
-    slow = request.config.getoption("--run-slow")
-    return LaunchesByRanks(WORKER, lambda ranks: cases_for(ranks, slow), extensions_dir)
+    # The cases of the tests this run selected (-k narrows a launch; 1 and 4 ranks run with --run-slow only).
+    read = {pair for params in selected_callspecs(request, "launched") for pair in cases_read_by(params)}
+    return LaunchesByRanks(WORKER, lambda ranks: [case for case in cases_for(ranks) if (ranks, case) in read],
+                           extensions_dir)
 
 
 def rank_params(paths):
     return [
         pytest.param(ranks, path, marks=[] if ranks == 2 else [pytest.mark.slow], id=f"{ranks}ranks-{path}")
-        for ranks in (1, 2, 4) for path in paths if path in cases_for(ranks, True)
+        for ranks in (1, 2, 4) for path in paths if path in cases_for(ranks)
     ]
 
 

@@ -16,14 +16,22 @@ def _skipped(item):
     return any(mark.args and mark.args[0] is True for mark in item.iter_markers("skipif"))
 
 
+def selected_callspecs(request, fixture):
+    """The parameters (name -> value) of each test in the requesting test module that uses ``fixture`` and
+    that this run will run (selected, and not skipped by a marker), in collection order."""
+    return [
+        getattr(getattr(item, "callspec", None), "params", {}) for item in request.session.items
+        if item.module is request.module and fixture in item.fixturenames and not _skipped(item)
+    ]
+
+
 def selected_params(request, argname, fixture):
     """The values of parameter ``argname`` of the tests in the requesting test module that use ``fixture``
     and that this run will run (selected, and not skipped by a marker), first appearance first, without
     repeats."""
     values = {}
-    for item in request.session.items:
-        params = getattr(getattr(item, "callspec", None), "params", {})
-        if item.module is request.module and argname in params and fixture in item.fixturenames and not _skipped(item):
+    for params in selected_callspecs(request, fixture):
+        if argname in params:
             values.setdefault(params[argname], None)
     return list(values)
 
