@@ -17,7 +17,7 @@ from helpers.repo import REPO
 INNER = textwrap.dedent("""
     import json, os
     import pytest
-    from helpers.selection import cases_by_ranks, selected_params
+    from helpers.selection import cases_by_ranks, selected_callspecs, selected_params
 
     CASES = [(2, "a"), (2, "b"), (4, "c"), pytest.param((4, "d"), marks=pytest.mark.skip(reason="slow"))]
 
@@ -27,6 +27,7 @@ INNER = textwrap.dedent("""
         cases_for = cases_by_ranks(request, "launched", lambda name: name)
         with open(os.environ["SELECTION_OUT"], "w") as f:
             json.dump({"params": selected_params(request, "case", fixture="launched"),
+                       "callspecs": [p["case"] for p in selected_callspecs(request, "launched")],
                        "ranks2": cases_for(2), "ranks4": cases_for(4)}, f)
 
 
@@ -65,15 +66,17 @@ def selection(tmp_path, *args):
 
 
 @pytest.mark.parametrize(
-    "args, params",
+    "args, params, tests",
     [
-        ([], [[2, "a"], [2, "b"], [4, "c"]]),  # the skipped case and the other fixture's test left out
-        (["-k", "not 2ranks-b"], [[2, "a"], [4, "c"]]),
-        (["-k", "test_update and 4ranks"], [[4, "c"]]),
+        ([], [[2, "a"], [2, "b"], [4, "c"]], 2),  # the skipped case and the other fixture's test left out
+        (["-k", "not 2ranks-b"], [[2, "a"], [4, "c"]], 2),
+        (["-k", "test_update and 4ranks"], [[4, "c"]], 1),
     ],
     ids=["all", "deselected", "one-test"])
-def test_launch_takes_the_selected_cases(tmp_path, args, params):
+def test_launch_takes_the_selected_cases(tmp_path, args, params, tests):
     selected = selection(tmp_path, *args)
     assert selected["params"] == params
+    # One set of parameters per selected test (``tests`` tests use each case), in collection order.
+    assert selected["callspecs"] == params * tests
     assert selected["ranks2"] == [name for ranks, name in params if ranks == 2]
     assert selected["ranks4"] == [name for ranks, name in params if ranks == 4]
