@@ -104,8 +104,9 @@ def free_master_port(base_port=29500, port_range_size=1000):
     """A free port, chosen by the OS, for ``unit.common.get_master_port``. Upstream's takes the first free port
     from 29500, the same one in every pytest process, and a port stays free until the test's rank 0 binds it,
     seconds after: two processes starting a DistributedTest at once (two tiers on one machine, the fork and
-    pristine sides of two runs) took the same port, and one side's ranks joined the other's rendezvous (a
-    test hung until upstream's timeout: ``Test hanged, exiting``). Its arguments are upstream's, unused."""
+    pristine sides in two runners) take the same port, and one test's ranks can meet the other's store (a
+    test beside another run hung until upstream's timeout: ``Test hanged, exiting``). Its arguments are
+    upstream's, unused."""
     with socket.socket() as sock:
         sock.bind(("", 0))
         return str(sock.getsockname()[1])
