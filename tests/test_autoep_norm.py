@@ -28,29 +28,11 @@ from helpers.repo import REPO
 from helpers.selection import selected_params
 
 WORKER = REPO / "tests" / "workers" / "autoep_norm.py"
-# layout -> ranks -> splits (micro, GAS) of a data-parallel rank's share of the 8 samples
-SPLITS = {
-    "ep2": {
-        2: [(4, 1), (2, 2), (1, 4)],
-        4: [(2, 1), (1, 2)]
-    },
-    "ep2_tp2": {
-        2: [(8, 1), (4, 2), (2, 4)],
-        4: [(4, 1), (2, 2), (1, 4)]
-    },
-    "ep2_tp2_split": {
-        2: [(8, 1), (4, 2), (2, 4)],
-        4: [(4, 1), (2, 2), (1, 4)]
-    },
-    "hf_ep2": {
-        2: [(4, 1), (2, 2), (1, 4)],
-        4: [(2, 1), (1, 2)]
-    },
-    "hf_ep2_tp2": {
-        2: [(8, 1), (4, 2), (2, 4)],
-        4: [(4, 1), (2, 2), (1, 4)]
-    },
-}
+# ranks -> splits (micro, GAS) of a data-parallel rank's share of the 8 samples: AutoEP alone (every rank a
+# data-parallel rank) and folded with AutoTP (2 TP ranks per data-parallel rank)
+ALONE = {2: [(4, 1), (2, 2), (1, 4)], 4: [(2, 1), (1, 2)]}
+FOLDED = {2: [(8, 1), (4, 2), (2, 4)], 4: [(4, 1), (2, 2), (1, 4)]}
+SPLITS = {"ep2": ALONE, "ep2_tp2": FOLDED, "ep2_tp2_split": FOLDED, "hf_ep2": ALONE, "hf_ep2_tp2": FOLDED}
 PATHS = [
     "zero0_fp32", "zero0_fp16", "zero1_fp32", "zero2_fp32", "zero1_bf16_fp32_accumulation", "zero2_bf16", "zero3_fp32",
     "zero3_bf16"

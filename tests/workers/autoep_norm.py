@@ -124,7 +124,7 @@ def config(layout, path, micro, gas):
     cfg["expert_parallel"] = {"enabled": True, "autoep_size": EP, "preset_model": "mixtral", "use_grouped_mm": False}
     if LAYOUTS[layout][1] > 1:
         skip_the_rest = [{"patterns": [".*\\.weight$"], "partition_type": "skip"}]
-        specs = (SPLIT_SPECS if layout.endswith("_split") else []) + skip_the_rest
+        specs = (SPLIT_SPECS if getattr(model, "dense_pair", False) else []) + skip_the_rest
         cfg["tensor_parallel"] = {
             "autotp_size": LAYOUTS[layout][1],
             "partition_config": {
