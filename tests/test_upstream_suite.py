@@ -507,6 +507,100 @@ def test_a_build_lock_left_by_a_killed_build_is_removed_before_the_next_test_pro
     assert "removed a JIT build lock left by a killed build" in log
 
 
+def _holding(path):
+    """A process that holds ``path`` open, as torch's build holds its lock and a comm rank its buffer."""
+    holder = subprocess.Popen([
+        sys.executable, "-c", f"import os, sys, time; os.open({str(path)!r}, os.O_RDONLY); print(1, flush=True); "
+        "time.sleep(120)"
+    ],
+                              stdout=subprocess.PIPE,
+                              text=True)
+    assert holder.stdout.readline().strip() == "1"
+    return holder
+
+
+def test_a_lock_or_buffer_a_running_process_holds_stays_and_one_left_by_a_dead_process_goes(tmp_path):
+    """``--jobs`` and the two sides run pytest processes beside each other: a JIT build lock or /dev/shm comm
+    buffer made while one ran may be another's, still in use (a rank not yet attached to a buffer removed
+    under it spins forever). What goes is what no process holds."""
+    from upstream_suite.execute import SHM_PREFIX, remove_left_shm_buffers, remove_stale_build_locks
+    from upstream_suite.held_files import held_paths
+    lock = tmp_path / "ext" / "some_op" / "lock"
+    lock.parent.mkdir(parents=True)
+    lock.write_text("")
+    shm = tmp_path / "shm"  # not /dev/shm: the names there may be a running test's
+    shm.mkdir()
+    buffer = shm / f"{SHM_PREFIX}127.0.0.1_29500_0"
+    buffer.write_bytes(b"\0" * 64)
+    holders = [_holding(lock), _holding(buffer)]
+    try:
+        assert remove_stale_build_locks(tmp_path / "ext", held_paths()) == []
+        assert buffer.name not in remove_left_shm_buffers(set(), held_paths(), shm)
+        assert lock.exists() and buffer.exists()
+    finally:
+        for holder in holders:
+            holder.kill()
+            holder.wait()
+    assert remove_stale_build_locks(tmp_path / "ext", held_paths()) == [lock]
+    assert buffer.name in remove_left_shm_buffers(set(), held_paths(), shm)
+    assert not lock.exists() and not buffer.exists()
+    # Without /proc nothing is known: every lock, and the buffers made since the process started, go.
+    lock.write_text("")
+    buffer.write_bytes(b"\0")
+    assert remove_stale_build_locks(tmp_path / "ext", None) == [lock]
+    assert remove_left_shm_buffers({buffer.name}, None, shm) == [] and buffer.exists()
+    assert remove_left_shm_buffers(set(), None, shm) == [buffer.name] and not buffer.exists()
+
+
+OVERLAP_TEST = """
+import os
+import time
+
+
+def test_{name}():
+    started = time.time()
+    time.sleep(4)
+    with open({record!r}, "a") as record:
+        record.write(f"{{started}} {{time.time()}} {{os.getcwd()}}\\n")
+"""
+
+
+def test_jobs_run_test_files_at_once_each_in_a_tree_of_its_own(tmp_path):
+    """``--jobs 2``: the full tier on 2 cores left half the machine idle with one pytest process at a time."""
+    tests = tmp_path / "tests"
+    (tests / "unit").mkdir(parents=True)
+    (tests / "unit" / "common.py").write_text("")
+    record = tmp_path / "record.txt"
+    for name in ("first", "second"):
+        (tests / "unit" / f"test_{name}.py").write_text(OVERLAP_TEST.format(name=name, record=str(record)))
+    work_dir = tmp_path / "work"
+    proc = subprocess.run([
+        sys.executable,
+        str(REPO / "tools" / "run-upstream-suite"), "--tests",
+        str(tests), "--work-dir",
+        str(work_dir), "--fork-python", sys.executable, "--only", "fork", "--jobs", "2", "--files",
+        "unit/test_first.py", "unit/test_second.py"
+    ],
+                          stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT,
+                          text=True)
+    assert proc.returncode == 0, proc.stdout
+    outcomes = json.loads((work_dir / "results-fork.json").read_text())
+    assert {
+        test_id: result["outcome"]
+        for test_id, result in outcomes["tests"].items()
+    } == {
+        "unit/test_first.py::test_first": "passed",
+        "unit/test_second.py::test_second": "passed",
+    }
+    assert sorted(outcomes["done_units"]) == ["unit/test_first.py", "unit/test_second.py"]
+    runs = [line.split() for line in record.read_text().splitlines()]
+    assert max(float(started) for started, _, _ in runs) < min(float(ended) for _, ended, _ in runs), runs
+    assert {cwd
+            for _, _, cwd in runs} == {str(work_dir / "tree-fork" / "tests"),
+                                       str(work_dir / "tree-fork.2" / "tests")}
+
+
 def _created(path, lines, newline_at_end=True):
     """The diff of a format-patch that creates ``path`` with ``lines``."""
     body = "".join(f"+{line}\n" for line in lines) + ("" if newline_at_end else "\\ No newline at end of file\n")

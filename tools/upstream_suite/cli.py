@@ -22,15 +22,18 @@ Results resume: rerunning with the same --work-dir skips every test that already
 import argparse
 import json
 import os
+import queue
 import shutil
 import subprocess
 import sys
 import time
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from pathlib import Path
 
 from upstream_suite import baseline, console_scripts, patch_tests, prefixes, report, reruns, tiers, work_dir_lock
 from upstream_suite.classify import REGRESSION, compare
 from upstream_suite.execute import Side, Unit, run_unit
+from upstream_suite.held_files import held_paths
 from upstream_suite.outcomes import OutcomeMismatch, SideOutcomes
 
 REPO = Path(__file__).resolve().parent.parent.parent
@@ -99,7 +102,7 @@ def pristine_python(given):
     return proc.stdout.strip().splitlines()[-1]
 
 
-def scratch_copy(tests_dir, work_dir, side_name, package_dir, tests_sha256, added=()):
+def scratch_copy(tests_dir, work_dir, side_name, package_dir, tests_sha256, added=(), copy=0):
     """A copy of the tests laid out as in upstream's repository, for one side.
 
     Upstream's conftest puts the tests' parent directory on sys.path, so it must hold no deepspeed/
@@ -108,9 +111,11 @@ def scratch_copy(tests_dir, work_dir, side_name, package_dir, tests_sha256, adde
     their place. op_builder/ holds only that file, no package: were it importable, the accelerators would
     take it for a source checkout's op_builder and JIT-build every op from csrc/ by this tree's path, so
     ninja would rebuild each op the installed package built already (about a minute each).
-    ``added``: the patches' own test files (patch_tests), laid in beside upstream's.
+    ``added``: the patches' own test files (patch_tests), laid in beside upstream's. ``copy``: which of
+    the side's trees (``--jobs``: one per pytest process running at once, so no test finds files another
+    test of its side left in the tree).
     """
-    root = work_dir / f"tree-{side_name}"
+    root = work_dir / (f"tree-{side_name}" if not copy else f"tree-{side_name}.{copy + 1}")
     marker = root / "SHA256"
     stamp = f"{tests_sha256} {package_dir} op_builder/builder.py {patch_tests.digest(added)}"
     if not (marker.exists() and marker.read_text() == stamp):
@@ -168,6 +173,10 @@ def parse_args(argv):
         "on a CPU; stale JIT build locks there are removed before each test file, so nothing else may build in "
         "it meanwhile). The pristine side always builds in its own (its ops share the fork's names)")
     parser.add_argument("--timeout", type=int, default=600, help="seconds one test may run before it is killed")
+    parser.add_argument("--jobs",
+                        type=int,
+                        default=1,
+                        help="test files run at once, over both sides (each pytest process in a tree of its own)")
     parser.add_argument("--local-size", type=int, default=8, help="LOCAL_SIZE for the CPU accelerator; 0 on GPUs")
     parser.add_argument("--report", help="Markdown report path (default <work-dir>/report.md; JSON beside it)")
     parser.add_argument("--report-only",
@@ -185,6 +194,13 @@ def parse_args(argv):
     if args.rerun_regressions and (args.only or args.report_only or args.pristine_baseline is not None):
         parser.error("--rerun-regressions runs the fork against pristine's recorded outcomes: not with --only, "
                      "--report-only or --pristine-baseline")
+    if args.jobs < 1:
+        parser.error("--jobs: at least 1")
+    if args.jobs > 1 and args.tier == "prefixes" and not args.files:
+        parser.error("--jobs: the prefixes tier lays each prefix over the one before: it runs one file at a time")
+    if args.jobs > 1 and held_paths() is None:
+        parser.error("--jobs above 1 needs /proc (Linux): a JIT build lock or /dev/shm buffer left by a killed "
+                     "test is told from one a running test holds by the processes that hold it")
     if args.files and (args.pristine_baseline is not None or args.record_baseline is not None):
         parser.error("baselines belong to tiers: use --tier, not --files, with --pristine-baseline/--record-baseline")
     return args
@@ -280,17 +296,17 @@ def run_in(args, work_dir):
         results[side.name] = SideOutcomes(results_dir / f"results-{side.name}.json",
                                           side_identity(identity, infos[side.name], side.package_dir))
         if not args.report_only:  # a report touches no tree: a run may be using it
-            trees[side.name] = scratch_copy(tests_dir, work_dir, side.name, side.package_dir, tests_sha256, added)
+            trees[side.name] = [
+                scratch_copy(tests_dir, work_dir, side.name, side.package_dir, tests_sha256, added, copy)
+                for copy in range(min(args.jobs, len(units)))
+            ]
     if args.rerun_regressions:
         taken = reruns.take_regressions(results["fork"], results["pristine"], results_dir)
         print(f"--rerun-regressions: {len(taken)} fork outcome(s) to run again")
         for test_id in taken:
             print(f"  {test_id}")
-    echo = printer(args.quiet)
-    for unit in units if not args.report_only else ():  # interleaved: a run stopped half way compares what it ran
-        for side in sides:
-            run_unit(side, unit, trees[side.name], results[side.name], args.timeout, work_dir / "logs",
-                     args.local_size, echo)
+    if not args.report_only:
+        run_units(units, sides, trees, results, args, work_dir / "logs", printer(args.quiet))
 
     unit_keys = [unit.key for unit in units]
     if args.report_only:
@@ -333,6 +349,39 @@ def run_in(args, work_dir):
     if args.tier == "patch-tests" and not args.files:
         return patch_test_verdicts(added, fork_tests, pristine_tests, report_md)
     return 1 if regressions else 0
+
+
+def run_units(units, sides, trees, results, args, log_dir, echo):
+    """Every unit on every side, interleaved (a run stopped half way compares what it ran), ``--jobs`` pytest
+    processes at once: on 2 cores one process leaves about half the machine idle (its ranks wait on each
+    other), two keep it busy. Each process takes a tree of its side no other process is using."""
+    pairs = [(unit, side) for unit in units for side in sides]
+    if args.jobs == 1:
+        for unit, side in pairs:
+            run_unit(side, unit, trees[side.name][0], results[side.name], args.timeout, log_dir, args.local_size, echo)
+        return
+    free_trees = {side.name: queue.SimpleQueue() for side in sides}
+    for side in sides:
+        for tree in trees[side.name]:
+            free_trees[side.name].put(tree)
+
+    def run_pair(unit, side):
+        tree = free_trees[side.name].get()
+        try:
+            run_unit(side, unit, tree, results[side.name], args.timeout, log_dir, args.local_size, echo)
+        finally:
+            free_trees[side.name].put(tree)
+
+    # The pool's threads live until every pair is done: each pytest process dies with the thread that
+    # started it (PR_SET_PDEATHSIG), so none is left running alone when the runner dies.
+    with ThreadPoolExecutor(args.jobs) as pool:
+        futures = [pool.submit(run_pair, unit, side) for unit, side in pairs]
+        done, _ = wait(futures, return_when=FIRST_EXCEPTION)
+        failed = [future for future in done if future.exception() is not None]
+        if failed:
+            for future in futures:
+                future.cancel()
+            raise failed[0].exception()
 
 
 def patch_test_verdicts(added, fork_tests, pristine_tests, report_md):

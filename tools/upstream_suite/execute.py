@@ -20,11 +20,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from upstream_suite import console_scripts
+from upstream_suite.held_files import held_paths, unheld
 
 TOOLS_DIR = Path(__file__).resolve().parent.parent
 SHM_DIR = Path("/dev/shm")
 # Left behind by pristine upstream's CPU comm op (69 MB a rank, never unlinked): removed after each
-# pytest process, or a long tier fills /dev/shm.
+# pytest process once no process holds them, or a long tier fills /dev/shm.
 SHM_PREFIX = "deepspeed_allreduce_buffer_"
 POLL_S = 0.5
 
@@ -65,9 +66,9 @@ def child_environ(side, events_path, timeout_s, local_size):
     return env
 
 
-def _shm_names():
+def _shm_names(shm_dir=SHM_DIR):
     try:
-        return {name for name in os.listdir(SHM_DIR) if name.startswith(SHM_PREFIX)}
+        return {name for name in os.listdir(shm_dir) if name.startswith(SHM_PREFIX)}
     except FileNotFoundError:
         return set()
 
@@ -107,20 +108,34 @@ class Attempt:
     tail: str = ""
 
 
-def remove_stale_build_locks(extensions_dir):
+def remove_stale_build_locks(extensions_dir, held):
     """Delete the ``lock`` files torch's JIT builder left in ``extensions_dir``; return their paths.
 
-    torch creates ``<op>/lock`` while it builds an op and deletes it after; a build killed in between
-    (a test past its timeout, a stopped runner) leaves it behind, and every later load of that op
-    waits for it forever: each following test of the side hangs until its timeout. Between two
-    pytest processes of a side nothing builds in its extensions directory (one process at a time, the
-    directory is the runner's), so any lock found there is stale.
+    torch creates ``<op>/lock`` while it builds an op, keeps it open, and deletes it after; a build
+    killed in between (a test past its timeout, a stopped runner) leaves it behind, and every later
+    load of that op waits for it forever: each following test of the side hangs until its timeout. A
+    lock no process holds open is such a leftover; one held is a build running in a pytest process
+    beside this one (``--jobs``), and stays. ``held``: ``held_files.held_paths()``; None (no /proc)
+    takes every lock for a leftover, true only while no other process of the side runs (``--jobs 1``).
     """
     root = Path(extensions_dir)
-    locks = sorted(root.glob("*/lock")) if root.is_dir() else []
+    locks = unheld(sorted(root.glob("*/lock")) if root.is_dir() else [], held)
     for lock in locks:
         lock.unlink(missing_ok=True)
     return locks
+
+
+def remove_left_shm_buffers(before, held, shm_dir=SHM_DIR):
+    """Delete the CPU comm op's ``/dev/shm`` buffers that no process holds; return their names.
+
+    ``before``: the names there when this pytest process started. Where ``held`` is None (no /proc)
+    only those made since are taken, true only while no other pytest process runs beside.
+    """
+    names = _shm_names(shm_dir) if held is not None else _shm_names(shm_dir) - before
+    left = unheld(sorted(Path(shm_dir) / name for name in names), held)
+    for path in left:
+        path.unlink(missing_ok=True)
+    return [path.name for path in left]
 
 
 def run_attempt(side, unit, tests_dir, skip_ids, timeout_s, log_path, local_size, echo, on_result):
@@ -145,7 +160,7 @@ def run_attempt(side, unit, tests_dir, skip_ids, timeout_s, log_path, local_size
     shm_before = _shm_names()
     running, started, offset = None, time.monotonic(), 0
     with open(log_path, "a") as log:
-        for lock in remove_stale_build_locks(side.extensions_dir):
+        for lock in remove_stale_build_locks(side.extensions_dir, held_paths()):
             log.write(f"removed a JIT build lock left by a killed build: {lock}\n")
         log.write(f"\n$ {' '.join(command)}\n")
         log.flush()
@@ -185,8 +200,7 @@ def run_attempt(side, unit, tests_dir, skip_ids, timeout_s, log_path, local_size
         if running is not None:  # the process ended inside a test
             result(running, "crashed", f"pytest exited with {proc.returncode} inside the test", 0.0)
             echo(side, running, "crashed", 0.0)
-    for name in _shm_names() - shm_before:
-        (SHM_DIR / name).unlink(missing_ok=True)
+    remove_left_shm_buffers(shm_before, held_paths())
     with open(log_path) as log:
         attempt.tail = " | ".join(line.strip() for line in log.read().splitlines()[-3:] if line.strip())[-300:]
     return attempt

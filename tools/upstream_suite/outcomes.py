@@ -10,6 +10,7 @@ an unfinished unit, every test that already has an outcome. It records what it w
 
 import json
 import os
+import threading
 from pathlib import Path
 
 PASSING = ("passed", "xfailed")
@@ -38,9 +39,13 @@ def _difference(key, old, new):
 
 
 class SideOutcomes:
-    """Outcomes of one side: ``tests`` maps a test id to {outcome, reason, duration, unit}."""
+    """Outcomes of one side: ``tests`` maps a test id to {outcome, reason, duration, unit}.
+
+    Safe to share between threads (``--jobs``: several units of one side at once).
+    """
 
     def __init__(self, path, identity):
+        self._lock = threading.RLock()
         self.path = Path(path) if path else None
         self.identity = dict(identity)
         self.tests = {}
@@ -60,23 +65,28 @@ class SideOutcomes:
         self.done_units = set(data.get("done_units", []))
 
     def record(self, test_id, outcome, reason, duration, unit):
-        self.tests[test_id] = {"outcome": outcome, "reason": reason, "duration": duration, "unit": unit}
-        self.save()
+        with self._lock:
+            self.tests[test_id] = {"outcome": outcome, "reason": reason, "duration": duration, "unit": unit}
+            self.save()
 
     def mark_done(self, unit):
-        self.done_units.add(unit)
-        self.save()
+        with self._lock:
+            self.done_units.add(unit)
+            self.save()
 
     def of_unit(self, unit):
-        return {test_id: result for test_id, result in self.tests.items() if result["unit"] == unit}
+        with self._lock:
+            return {test_id: result for test_id, result in self.tests.items() if result["unit"] == unit}
 
     def as_json(self):
-        return {"identity": self.identity, "done_units": sorted(self.done_units), "tests": self.tests}
+        with self._lock:
+            return {"identity": self.identity, "done_units": sorted(self.done_units), "tests": dict(self.tests)}
 
     def save(self):
         if self.path is None:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        scratch = self.path.with_suffix(".tmp")
-        scratch.write_text(json.dumps(self.as_json(), indent=1, sort_keys=True))
-        os.replace(scratch, self.path)
+        with self._lock:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            scratch = self.path.with_suffix(".tmp")
+            scratch.write_text(json.dumps(self.as_json(), indent=1, sort_keys=True))
+            os.replace(scratch, self.path)
