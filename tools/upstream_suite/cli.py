@@ -170,8 +170,9 @@ def parse_args(argv):
         "--fork-extensions-dir",
         help="TORCH_EXTENSIONS_DIR for the fork side (default <work-dir>/torch_extensions-fork): "
         "one where the same fork install already built its ops saves their JIT builds (minutes "
-        "on a CPU; stale JIT build locks there are removed before each test file, so nothing else may build in "
-        "it meanwhile). The pristine side always builds in its own (its ops share the fork's names)")
+        "on a CPU; a JIT build lock there that no process holds is removed before each test file: without "
+        "/proc, every lock, so nothing else may build in it meanwhile). The pristine side always builds in its "
+        "own (its ops share the fork's names)")
     parser.add_argument("--timeout", type=int, default=600, help="seconds one test may run before it is killed")
     parser.add_argument("--jobs",
                         type=int,
