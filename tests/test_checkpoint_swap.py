@@ -22,6 +22,7 @@ import torch
 
 from helpers.launch import launch_cases
 from helpers.pristine import pristine_python
+from helpers.selection import selected_params
 
 pytestmark = pytest.mark.fork_only
 
@@ -77,7 +78,9 @@ def weights_of(ranks, config):
 def swapped(tmp_path_factory, extensions_dir, request):
     """Every install's own run and every load, as {(writer, loader): {config: ranks' reports}}."""
     root = tmp_path_factory.mktemp("checkpoint-swap")
-    configs = CONFIGS if request.config.getoption("--run-slow") else CI_CONFIGS
+    # The configurations of the tests this run selected (-k narrows the launches; the slow ones need --run-slow).
+    selected = set(selected_params(request, "config", "swapped"))
+    configs = [config for config in CONFIGS if config in selected]
     fork_launcher = None
     pristine_launcher = str(Path(pristine_python()).with_name("deepspeed"))
     written = {"pristine": root / "pristine", "fork": root / "fork"}

@@ -20,6 +20,7 @@ import pytest
 from helpers.gas_results import assert_single_rank_splits_pass, describe
 from helpers.launch import launch_cases
 from helpers.repo import REPO
+from helpers.selection import selected_params
 
 WORKER = REPO / "tests" / "workers" / "gas_checker.py"
 MUST_PASS = [
@@ -207,8 +208,10 @@ SINGLE_RANK = ["zero0_fp32", "zero2_bf16_clip", "zero3_fp32", "zero0_fp16_static
 
 
 @pytest.fixture(scope="module")
-def launched_single(extensions_dir):
-    return launch_cases(WORKER, nprocs=1, cases=SINGLE_RANK, extensions_dir=extensions_dir, timeout=900)
+def launched_single(extensions_dir, request):
+    # The cases of the tests this run selected (-k narrows the launch).
+    cases = selected_params(request, "case", "launched_single")
+    return launch_cases(WORKER, nprocs=1, cases=cases, extensions_dir=extensions_dir, timeout=900)
 
 
 @pytest.mark.parametrize("case", SINGLE_RANK)
@@ -221,11 +224,12 @@ PIPELINE_2X2 = ["pipe2_fp32", "pipe2_fp32_clip", "pipe2_bf16"]
 
 
 @pytest.fixture(scope="module")
-def launched_four(extensions_dir):
+def launched_four(extensions_dir, request):
     # slow: the 2-rank launch has the same pipeline cases; 2 stages x 2 data-parallel ranks add the
     # cross-replica reduction (CI's 30 minutes do not hold a third launch).
     """4 ranks = 2 pipeline stages x 2 data-parallel ranks."""
-    return launch_cases(WORKER, nprocs=4, cases=PIPELINE_2X2, extensions_dir=extensions_dir, timeout=900)
+    cases = selected_params(request, "case", "launched_four")
+    return launch_cases(WORKER, nprocs=4, cases=cases, extensions_dir=extensions_dir, timeout=900)
 
 
 @pytest.mark.slow
