@@ -171,6 +171,7 @@ PORT_TEST = '''
 import socket
 
 from unit import common
+from unit.gloo_utils import port_for_a_file_store
 
 
 def test_master_port():
@@ -178,22 +179,37 @@ def test_master_port():
     assert port != "29500", "every process starts its search at 29500"
     with socket.socket() as sock:
         sock.bind(("", int(port)))
+
+
+def test_master_port_of_a_module_that_imported_it_by_name():
+    assert port_for_a_file_store() != "29500", "imported by name before the plugin swapped it in unit.common"
+'''
+
+# Like upstream's unit/v1/moe/autoep_test_utils.py: imported by name, when the test file is collected.
+GLOO_UTILS = '''
+from unit.common import get_master_port
+
+
+def port_for_a_file_store():
+    return get_master_port()
 '''
 
 
 def test_each_distributed_test_gets_a_master_port_the_os_chose(tmp_path):
     """Two pytest processes starting a DistributedTest at once took upstream's first free port from 29500 both
     (a prefix tier beside the full tier: one test hung to upstream's timeout): the plugin swaps in a port the OS
-    chose, once ``unit.common`` is imported."""
+    chose, once ``unit.common`` is imported, there and in each module that imported upstream's by name (AutoEP's
+    CPU/Gloo tests: the fork's and pristine's copies of one test shared /dev/shm buffers named after 29500)."""
     tests = tmp_path / "tests"
     (tests / "unit").mkdir(parents=True)
     (tests / "unit" / "__init__.py").write_text("")
     (tests / "unit" / "common.py").write_text(UPSTREAM_LIKE_COMMON)
+    (tests / "unit" / "gloo_utils.py").write_text(GLOO_UTILS)
     (tests / "unit" / "test_port.py").write_text(PORT_TEST)
     side = Side("fork", sys.executable, tmp_path / "ext", package_dir=str(tmp_path))
     outcomes = SideOutcomes(tmp_path / "results.json", {"who": "test"})
     run_unit(side, Unit("unit/test_port.py"), tests, outcomes, timeout_s=60, log_dir=tmp_path / "logs", local_size=0)
-    assert [result["outcome"] for result in outcomes.tests.values()] == ["passed"], outcomes.tests
+    assert [result["outcome"] for result in outcomes.tests.values()] == ["passed", "passed"], outcomes.tests
 
 
 def test_a_fork_built_from_another_commit_resumes_but_other_code_or_packages_do_not(tmp_path):

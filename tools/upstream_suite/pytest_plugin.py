@@ -112,10 +112,23 @@ def free_master_port(base_port=29500, port_range_size=1000):
         return str(sock.getsockname()[1])
 
 
-def pytest_collection_finish(session):
+def use_free_master_ports():
+    """Put ``free_master_port`` in place of upstream's ``get_master_port`` in ``unit.common`` and in every
+    module that imported it by name (``from unit.common import get_master_port``: AutoEP's CPU/Gloo tests,
+    whose file-store rendezvous leaves the port unbound, so both sides' copies of a test running at once
+    took 29500 alike, and the CPU comm op, which names its /dev/shm buffers after the port, gave them the
+    same buffers: the fork's ranks aborted, ``CPU/Gloo worker failures: -6``)."""
     common = sys.modules.get("unit.common")  # imported by the collected test files that use DistributedTest
-    if common is not None and hasattr(common, "get_master_port"):
-        common.get_master_port = free_master_port
+    upstream = getattr(common, "get_master_port", None)
+    if upstream is None:
+        return
+    for module in list(sys.modules.values()):
+        if getattr(module, "get_master_port", None) is upstream:
+            module.get_master_port = free_master_port
+
+
+def pytest_collection_finish(session):
+    use_free_master_ports()
     _emit({"event": "collected", "ids": [item.nodeid for item in session.items]})
 
 
