@@ -30,10 +30,10 @@ import time
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from pathlib import Path
 
-from upstream_suite import baseline, console_scripts, patch_tests, prefixes, report, reruns, tiers, work_dir_lock
+from upstream_suite import (baseline, console_scripts, held_files, patch_tests, prefixes, report, reruns, tiers,
+                            work_dir_lock)
 from upstream_suite.classify import REGRESSION, compare
 from upstream_suite.execute import Side, Unit, run_unit
-from upstream_suite.held_files import held_paths
 from upstream_suite.outcomes import OutcomeMismatch, SideOutcomes
 
 REPO = Path(__file__).resolve().parent.parent.parent
@@ -199,7 +199,7 @@ def parse_args(argv):
         parser.error("--jobs: at least 1")
     if args.jobs > 1 and args.tier == "prefixes" and not args.files:
         parser.error("--jobs: the prefixes tier lays each prefix over the one before: it runs one file at a time")
-    if args.jobs > 1 and held_paths() is None:
+    if args.jobs > 1 and not held_files.can_tell():
         parser.error("--jobs above 1 needs /proc (Linux): a JIT build lock or /dev/shm buffer left by a killed "
                      "test is told from one a running test holds by the processes that hold it")
     if args.files and (args.pristine_baseline is not None or args.record_baseline is not None):

@@ -17,13 +17,18 @@ from pathlib import Path
 PROC = Path("/proc")
 
 
+def can_tell(proc=PROC):
+    """Whether /proc shows each process's open files (Linux)."""
+    return (proc / "self" / "fd").is_dir()
+
+
 def held_paths(proc=PROC):
     """Real paths of every file a process holds open or maps, or None where /proc cannot tell (not Linux).
 
     Another user's processes may be unreadable: the runner's own pytest processes, the only ones that
     matter, run as its user.
     """
-    if not (proc / "self" / "fd").is_dir():
+    if not can_tell(proc):
         return None
     held = set()
     for entry in os.scandir(proc):
