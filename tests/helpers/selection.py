@@ -16,13 +16,19 @@ def _skipped(item):
     return any(mark.args and mark.args[0] is True for mark in item.iter_markers("skipif"))
 
 
+def selected_items(request, fixture):
+    """The tests of the requesting test module that use ``fixture`` and that this run will run (selected, and
+    not skipped by a marker), in collection order."""
+    return [
+        item for item in request.session.items
+        if item.module is request.module and fixture in item.fixturenames and not _skipped(item)
+    ]
+
+
 def selected_callspecs(request, fixture):
     """The parameters (name -> value) of each test in the requesting test module that uses ``fixture`` and
     that this run will run (selected, and not skipped by a marker), in collection order."""
-    return [
-        getattr(getattr(item, "callspec", None), "params", {}) for item in request.session.items
-        if item.module is request.module and fixture in item.fixturenames and not _skipped(item)
-    ]
+    return [getattr(getattr(item, "callspec", None), "params", {}) for item in selected_items(request, fixture)]
 
 
 def selected_params(request, argname, fixture):
