@@ -22,6 +22,7 @@ import pytest
 
 from helpers.launch import launch_cases
 from helpers.repo import REPO
+from helpers.selection import selected_callspecs
 
 MISSING = [name for name in ("transformers", "accelerate") if importlib.util.find_spec(name) is None]
 if MISSING:
@@ -44,12 +45,20 @@ def slow(case):
     return case.model in SLOW_MODELS or case.gas == 1
 
 
-def launch(world_size, extensions_dir, run_slow):
-    chosen = (
-    ) if run_slow else ["objectives_differ"] + [case.name for case in cases.grid(world_size) if not slow(case)]
+def cases_read(request, world_size):
+    """The cases the selected tests read on ``world_size`` ranks, in the worker's order: -k narrows a launch,
+    and the slow ones run with --run-slow only. A test without ``name`` reads objectives_differ."""
+    read = {
+        params.get("name", "objectives_differ")
+        for params in selected_callspecs(request, "launched") if params["launched"] == world_size
+    }
+    return [name for name in ["objectives_differ"] + [case.name for case in cases.grid(world_size)] if name in read]
+
+
+def launch(world_size, extensions_dir, request):
     return launch_cases(WORKER,
                         nprocs=world_size,
-                        cases=chosen,
+                        cases=cases_read(request, world_size),
                         extensions_dir=extensions_dir,
                         timeout=1200,
                         extra_args=["--world-size", str(world_size)])
@@ -65,7 +74,7 @@ def launched(launches, extensions_dir, request):
     """The launch of ``request.param`` ranks, started by the first test that needs it."""
     world_size = request.param
     if world_size not in launches:
-        launches[world_size] = launch(world_size, extensions_dir, request.config.getoption("--run-slow"))
+        launches[world_size] = launch(world_size, extensions_dir, request)
     return launches[world_size]
 
 
