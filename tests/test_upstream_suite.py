@@ -78,6 +78,49 @@ def test_a_file_pristine_cannot_collect_is_not_missing_on_the_fork():
     assert compare({}, {"unit/t.py": error})[0].category == REGRESSION
 
 
+def test_a_test_both_sides_fail_otherwise_is_listed_apart():
+    """Failing on both sides is no regression, but the fork failing another way (another outcome, or another
+    reason numbers aside) may hide one: the report lists those with both reasons."""
+    from upstream_suite import report
+
+    def failed(reason, outcome="failed"):
+        return {"outcome": outcome, "reason": reason}
+
+    fork = {
+        "alike": failed("RuntimeError: rank 1 at 0x7f3a: 524574720 bytes"),
+        "earlier": failed("AssertionError: memory should decrease after offload"),
+        "hangs": failed("", outcome="timeout"),
+        "regression": failed("AssertionError"),
+    }
+    pristine = {
+        "alike": failed("RuntimeError: rank 0 at 0x7f9c: 521191424 bytes"),
+        "earlier": failed("AssertionError: memory should increase after reload"),
+        "hangs": failed("ValueError: Type fp16 is not supported"),
+        "regression": {
+            "outcome": "passed",
+            "reason": ""
+        },
+    }
+    rows = {row.test_id: row for row in compare(fork, pristine)}
+    assert {
+        test_id: row.fork_reason
+        for test_id, row in rows.items()
+    } == {
+        "alike": "",
+        "earlier": "failed: AssertionError: memory should decrease after offload",
+        "hangs": "timeout: ",
+        "regression": "",
+    }
+    identity = {"fork_version": "f", "pristine_version": "p", "tests_sha256": "0" * 64, "torch": "t"}
+    markdown = report.as_markdown("t", identity, list(rows.values()), fork, pristine, "run side by side")
+    assert "2 of the 3 tests that fail on both sides fail otherwise on the fork" in markdown
+    assert ("| `earlier` | failed: AssertionError: memory should decrease after offload | failed: AssertionError: "
+            "memory should increase after reload |") in markdown
+    assert "| `hangs` | timeout:  | failed: ValueError: Type fp16 is not supported |" in markdown
+    assert json.loads(report.as_json(identity, list(rows.values()), fork, pristine,
+                                     "s"))["both_fail_otherwise_on_the_fork"] == 2
+
+
 SYNTHETIC_TESTS = '''
 import os
 import time

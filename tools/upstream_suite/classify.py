@@ -11,6 +11,7 @@ collect at all (its one outcome is the file's collection error) whose tests the 
 missing on the fork: it is fixed when they all pass there, a both-fail otherwise.
 """
 
+import re
 from collections import Counter
 from dataclasses import dataclass
 
@@ -32,6 +33,25 @@ class Row:
     fork: str  # outcome, or "" when absent
     pristine: str
     reason: str  # the reason that explains the category (the fork's for a regression)
+    # Both fail, but not alike: the fork's outcome and reason, where they differ from pristine's. Not a
+    # regression (pristine does not pass either), yet the fork may fail earlier or elsewhere: the report lists
+    # these apart.
+    fork_reason: str = ""
+
+
+# Numbers and addresses in a failure's first line (a memory figure, a port, an object's id) differ from run
+# to run; the rest of the line says where and why the test failed.
+_RUN_SPECIFIC = re.compile(r"0x[0-9a-fA-F]+|\d+(?:\.\d+)?(?:e[-+]?\d+)?")
+
+
+def same_failure(ours, theirs):
+    """Whether both sides ended a test alike: the same outcome and the same reason, numbers and addresses
+    aside."""
+
+    def general(result):
+        return _RUN_SPECIFIC.sub("#", result["reason"] or "")
+
+    return ours["outcome"] == theirs["outcome"] and general(ours) == general(theirs)
 
 
 def category_of(fork, pristine):
@@ -72,7 +92,9 @@ def compare(fork_tests, pristine_tests):
             reason = ours["reason"]
         else:
             reason = theirs["reason"] or ours["reason"]
-        rows.append(Row(test_id, category, fork or "", pristine or "", reason))
+        differs = category == BOTH_FAIL and ours is not None and not same_failure(ours, theirs)
+        fork_reason = f"{ours['outcome']}: {ours['reason']}" if differs else ""
+        rows.append(Row(test_id, category, fork or "", pristine or "", reason, fork_reason))
     return rows
 
 

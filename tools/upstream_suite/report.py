@@ -32,6 +32,12 @@ def as_markdown(title, identity, rows, fork_tests, pristine_tests, pristine_sour
         lines.append(f"| {name} | {side['run']} | {side['passed']} | {side['failed']} | {side['skipped']} |")
     lines += ["", "| " + " | ".join(CATEGORIES) + " |", "|" + "---|" * len(CATEGORIES)]
     lines.append("| " + " | ".join(str(counts[category]) for category in CATEGORIES) + " |")
+    differ = [row for row in rows if row.fork_reason]
+    if differ:
+        lines += [
+            "", f"{len(differ)} of the {counts[BOTH_FAIL]} tests that fail on both sides fail otherwise on "
+            "the fork (another outcome or reason, numbers aside): listed below."
+        ]
 
     per_file = defaultdict(Counter)
     for row in rows:
@@ -49,6 +55,17 @@ def as_markdown(title, identity, rows, fork_tests, pristine_tests, pristine_sour
         for row in chosen:
             lines.append(
                 f"| `{_cell(row.test_id)}` | {row.fork or '-'} | {row.pristine or '-'} | {_cell(row.reason)} |")
+
+    if differ:
+        lines += [
+            "", f"### Both fail, the fork otherwise ({len(differ)})", "",
+            "Not regressions (pristine does not pass them), but the fork fails them another way: each deserves a "
+            "look, for it could fail earlier than pristine, or at a check pristine never reaches.", "",
+            "| test | fork | pristine |", "|---|---|---|"
+        ]
+        for row in differ:
+            lines.append(
+                f"| `{_cell(row.test_id)}` | {_cell(row.fork_reason)} | {row.pristine}: {_cell(row.reason)} |")
 
     skips = Counter(row.reason for row in rows if row.category == BOTH_SKIP)
     if skips:
@@ -69,9 +86,11 @@ def as_json(identity, rows, fork_tests, pristine_tests, pristine_source):
                 "pristine": side_counts(pristine_tests)
             },
             "categories": category_counts(rows),
+            "both_fail_otherwise_on_the_fork": sum(1 for row in rows if row.fork_reason),
             "tests": {
                 row.test_id: {
                     "category": row.category,
+                    "fails_otherwise_on_the_fork": bool(row.fork_reason),
                     "fork": fork_tests.get(row.test_id),
                     "pristine": pristine_tests.get(row.test_id),
                 }
