@@ -80,7 +80,7 @@ def test_a_file_pristine_cannot_collect_is_not_missing_on_the_fork():
 
 def test_a_test_both_sides_fail_otherwise_is_listed_apart():
     """Failing on both sides is no regression, but the fork failing another way (another outcome, or another
-    reason numbers aside) may hide one: the report lists those with both reasons."""
+    reason, numbers and each side's install path aside) may hide one: the report lists those with both reasons."""
     from upstream_suite import report
 
     def failed(reason, outcome="failed"):
@@ -91,6 +91,9 @@ def test_a_test_both_sides_fail_otherwise_is_listed_apart():
         "earlier": failed("AssertionError: memory should decrease after offload"),
         "hangs": failed("", outcome="timeout"),
         "regression": failed("AssertionError"),
+        "same_file":
+        failed("ImportError: cannot import 'x' from 'deepspeed.a' (/v/fork/site-packages/deepspeed/a.py)"),
+        "other_file": failed("KeyError: 'k' (/v/fork/lib/python3.11/site-packages/deepspeed/b.py)"),
     }
     pristine = {
         "alike": failed("RuntimeError: rank 0 at 0x7f9c: 521191424 bytes"),
@@ -100,6 +103,9 @@ def test_a_test_both_sides_fail_otherwise_is_listed_apart():
             "outcome": "passed",
             "reason": ""
         },
+        "same_file":
+        failed("ImportError: cannot import 'x' from 'deepspeed.a' (/v/0.19.8/site-packages/deepspeed/a.py)"),
+        "other_file": failed("KeyError: 'k' (/v/0.19.8/lib/python3.11/site-packages/deepspeed/c.py)"),
     }
     rows = {row.test_id: row for row in compare(fork, pristine)}
     assert {
@@ -110,15 +116,17 @@ def test_a_test_both_sides_fail_otherwise_is_listed_apart():
         "earlier": "failed: AssertionError: memory should decrease after offload",
         "hangs": "timeout: ",
         "regression": "",
+        "same_file": "",
+        "other_file": "failed: KeyError: 'k' (/v/fork/lib/python3.11/site-packages/deepspeed/b.py)",
     }
     identity = {"fork_version": "f", "pristine_version": "p", "tests_sha256": "0" * 64, "torch": "t"}
     markdown = report.as_markdown("t", identity, list(rows.values()), fork, pristine, "run side by side")
-    assert "2 of the 3 tests that fail on both sides fail otherwise on the fork" in markdown
+    assert "3 of the 5 tests that fail on both sides fail otherwise on the fork" in markdown
     assert ("| `earlier` | failed: AssertionError: memory should decrease after offload | failed: AssertionError: "
             "memory should increase after reload |") in markdown
     assert "| `hangs` | timeout:  | failed: ValueError: Type fp16 is not supported |" in markdown
     assert json.loads(report.as_json(identity, list(rows.values()), fork, pristine,
-                                     "s"))["both_fail_otherwise_on_the_fork"] == 2
+                                     "s"))["both_fail_otherwise_on_the_fork"] == 3
 
 
 SYNTHETIC_TESTS = '''

@@ -40,8 +40,10 @@ class Row:
 
 
 # Numbers and addresses in a failure's first line (a memory figure, a port, an object's id) differ from run
-# to run; the rest of the line says where and why the test failed.
+# to run, and each side's files lie in its own environment; the rest of the line (the file inside the package
+# included) says where and why the test failed.
 _RUN_SPECIFIC = re.compile(r"0x[0-9a-fA-F]+|\d+(?:\.\d+)?(?:e[-+]?\d+)?")
+_ENVIRONMENT = re.compile(r"[^\s'\"(]*/site-packages/")
 
 
 def same_failure(ours, theirs):
@@ -49,7 +51,7 @@ def same_failure(ours, theirs):
     aside."""
 
     def general(result):
-        return _RUN_SPECIFIC.sub("#", result["reason"] or "")
+        return _RUN_SPECIFIC.sub("#", _ENVIRONMENT.sub("site-packages/", result["reason"] or ""))
 
     return ours["outcome"] == theirs["outcome"] and general(ours) == general(theirs)
 
