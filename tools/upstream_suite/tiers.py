@@ -56,6 +56,11 @@ PATCH_TIER = (
              keyword="TestExpertWeightGradWithZero"),
     _covered("unit/v1/zero/test_zero_cpu_offload_grad_accum.py", "0009 0020",
              "ZeRO offload with gradient accumulation (0020: its mean mode, unchanged)"),
+    _covered("unit/v1/moe/test_autoep_unit.py",
+             "0030",
+             "AutoEP finding and converting MoE layers, a Transformers Mixtral among them (its router-logit test "
+             "fails on 0.19.8 with the output-capture registry's TypeError; passes with 0030)",
+             keyword="TestModelDetectionAndReplacement"),
     _covered("unit/runtime/test_multi_output_model.py", "0006 0020 0023",
              "engine.backward of several losses under GAS (0023: bf16 ZeRO-0's gradient all-reduce, mean mode)"),
     _covered("unit/v1/accelerator/test_accelerator.py",
