@@ -20,7 +20,7 @@ import pytest
 from helpers.gas_results import assert_single_rank_splits_pass, describe
 from helpers.launch import launch_cases
 from helpers.repo import REPO
-from helpers.selection import selected_items, selected_params
+from helpers.selection import params_of, selected_items, selected_params
 
 WORKER = REPO / "tests" / "workers" / "gas_checker.py"
 MUST_PASS = [
@@ -60,7 +60,7 @@ CASES_READ_BY = {
 
 
 def cases_read_by(item):
-    params = getattr(getattr(item, "callspec", None), "params", {})
+    params = params_of(item)
     if "case" in params:
         return [params["case"]]
     if item.originalname not in CASES_READ_BY:

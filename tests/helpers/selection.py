@@ -25,10 +25,15 @@ def selected_items(request, fixture):
     ]
 
 
+def params_of(item):
+    """A test's parameters (name -> value); empty for a test without any."""
+    return getattr(getattr(item, "callspec", None), "params", {})
+
+
 def selected_callspecs(request, fixture):
     """The parameters (name -> value) of each test in the requesting test module that uses ``fixture`` and
     that this run will run (selected, and not skipped by a marker), in collection order."""
-    return [getattr(getattr(item, "callspec", None), "params", {}) for item in selected_items(request, fixture)]
+    return [params_of(item) for item in selected_items(request, fixture)]
 
 
 def selected_params(request, argname, fixture):
