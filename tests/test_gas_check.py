@@ -228,7 +228,11 @@ def test_command_line_bad_input(tmp_path, capsys, args, message):
     assert f"ds_gas_check: error: {message}" in capsys.readouterr().err
 
 
-SINGLE_RANK = ["zero0_fp32", "zero2_bf16_clip", "zero3_fp32", "zero0_fp16_static", "zero1_fp32_boundary_loop"]
+SINGLE_RANK = [
+    "zero0_fp32", "zero2_bf16_clip", "zero3_fp32", "zero0_fp16_static", "zero1_fp32_boundary_loop",
+    "zero0_fp16_adamw_clip"
+]
+SINGLE_RANK_CONTROLS = ["control_fp16_adamw_drops_micro_batch"]
 
 
 @pytest.fixture(scope="module")
@@ -242,6 +246,16 @@ def launched_single(extensions_dir, request):
 def test_gas_invariant_single_rank(launched_single, case):
     (rows, ) = launched_single.case(case)
     assert_single_rank_splits_pass(rows)
+
+
+@pytest.mark.parametrize("case", SINGLE_RANK_CONTROLS)
+def test_control_dropped_micro_batch_fails_in_fp16_with_adam(launched_single, case):
+    # zero0_fp16_adamw_clip passes where its update is off fp64 by fp16's rounding (plain PyTorch in fp16 is
+    # off the same way); a dropped micro-batch is off both, on every split.
+    (rows, ) = launched_single.case(case)
+    assert not any(r["passed"] for r in rows), describe(rows)
+    for r in rows:
+        assert r["floor_update_errors"][0] > r["tolerance_for_dtype"], describe(rows)
 
 
 PIPELINE_2X2 = ["pipe2_fp32", "pipe2_fp32_clip", "pipe2_bf16"]

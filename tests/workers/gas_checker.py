@@ -62,6 +62,11 @@ def multiplies_by_world(original, engine, loss):
     return original(engine, loss * dist.get_world_size())
 
 
+def drops_last_micro_batch(original, engine, loss):
+    # The last micro-batch of each step adds nothing (at GAS 1: the step's only one).
+    return original(engine, loss * 0.0 if engine.is_gradient_accumulation_boundary() else loss)
+
+
 def scales_by_0_7349(original, engine, loss):
     # A constant factor that is no known mistake (on an H100 one read as "(GAS-1)/GAS" at GAS 4).
     return original(engine, loss * 0.7349)
@@ -103,6 +108,9 @@ CONFIGS = {
     # fp16 without ZeRO: FP16_Optimizer (FusedAdam), FP16_UnfusedOptimizer (torch's AdamW).
     "zero0_fp16_fused_adam_clip":
     zero(0, gradient_clipping=0.5, **FUSED_ADAM, **FP16_STATIC),
+    # Adam turns fp16's rounding of a near-zero gradient into a full-size step (1 rank, GAS 4 and 8).
+    "zero0_fp16_adamw_clip":
+    zero(0, gradient_clipping=0.5, **ADAMW, **FP16_STATIC),
     "zero0_fp16_adamw_weight_decay":
     zero(0,
          **NO_CLIP,
@@ -160,6 +168,8 @@ for stage in range(4):
 CASES["control_forgets_to_divide"] = lambda: with_backward(forgets_to_divide, CONFIGS["zero1_fp32"])
 CASES["control_multiplies_by_world"] = lambda: with_backward(multiplies_by_world, CONFIGS["zero1_fp32"])
 CASES["control_constant_factor"] = lambda: with_backward(scales_by_0_7349, CONFIGS["zero1_fp32"])
+CASES["control_fp16_adamw_drops_micro_batch"] = lambda: with_backward(drops_last_micro_batch, CONFIGS[
+    "zero0_fp16_adamw_clip"])
 CASES["zero1_fp32_no_reference"] = lambda: check(CONFIGS["zero1_fp32"], reference=False)
 # --items variable: samples of 0-12 labelled positions. per_item mode against the fp64 global item mean
 # (ZeRO-2 bf16 clipped: the one-collective norm, its count and the bf16 tolerance); mean mode passes

@@ -68,37 +68,57 @@ def load_weights(model, weights, source):
             param.copy_(weights[name])
 
 
-def reference_run(model, batches, micro_batches, optimizer_config, clip, loss_fn=None, dtype=torch.float64):
+def reference_run(model,
+                  batches,
+                  micro_batches,
+                  optimizer_config,
+                  clip,
+                  loss_fn=None,
+                  dtype=torch.float64,
+                  device="cpu",
+                  loss_scale=None):
     """Train ``model`` on ``batches``, each split in ``micro_batches`` equal parts whose gradients are
     averaged, as the engine does over GAS x data-parallel ranks (1: the global batch at once).
 
     ``dtype`` float64 (the reference) or float32: the model runs in it. bfloat16/float16: plain PyTorch's
-    mixed precision, the way the engine does it: forward and backward in ``dtype``, each micro-batch's
-    gradient added in fp32 to fp32 master weights, which the optimizer updates. A run in the engine's own
-    precision shows how far rounding alone moves this model from the fp64 reference.
+    mixed precision, the way the engine does it: forward and backward in ``dtype`` on ``device`` (the
+    engine's: rounding depends on the kernels) with fp32 master weights, which the optimizer updates.
+    bf16: each micro-batch's gradient is added in fp32 (bf16 accumulation, which a config can avoid, is
+    reported by the check instead). fp16: on the loss times ``loss_scale``, the micro-batches' gradients
+    summed in fp16 as a ``.half()`` model sums them (and every fp16 path of DeepSpeed: nothing configures
+    it otherwise), then unscaled. A run in the engine's own precision shows how far rounding alone moves
+    this model from the fp64 reference.
     """
     low_precision = dtype in (torch.bfloat16, torch.float16)
     master = model.to(torch.float32 if low_precision else dtype)
     master.train()
-    work = copy.deepcopy(master).to(dtype) if low_precision else master
+    work = copy.deepcopy(master).to(device, dtype) if low_precision else master
     params = [p for p in master.parameters() if p.requires_grad]
     work_params = [p for p in work.parameters() if p.requires_grad]
     optimizer = reference_optimizer(params, optimizer_config)
     run = ReferenceRun(weights=[named_weights(master)])
+    scale = float(loss_scale or 1.0) if dtype == torch.float16 else 1.0
     for batch in batches:
-        batch = to(batch, "cpu", dtype)
+        batch = to(batch, device if low_precision else "cpu", dtype)
         size = batch_size(batch) // micro_batches
-        optimizer.zero_grad()
-        total = 0.0
-        for k in range(micro_batches):
-            loss = model_loss(work, rows(batch, k * size, (k + 1) * size), loss_fn)
-            (loss / micro_batches).backward()
-            total += loss.item()
-            if low_precision:
-                for p, w in zip(params, work_params):
-                    if w.grad is not None:
-                        p.grad = w.grad.float() if p.grad is None else p.grad + w.grad.float()
-                        w.grad = None
+        while True:
+            optimizer.zero_grad()
+            total, finite = 0.0, True
+            for k in range(micro_batches):
+                loss = model_loss(work, rows(batch, k * size, (k + 1) * size), loss_fn)
+                # fp16: as DeepSpeed's fp16 optimizers scale it, the loss in fp32 times the loss scale.
+                (loss.float() * (scale / micro_batches) if dtype == torch.float16 else loss / micro_batches).backward()
+                total += loss.item()
+                if low_precision and (dtype == torch.bfloat16 or k == micro_batches - 1):
+                    for p, w in zip(params, work_params):
+                        if w.grad is not None:
+                            grad = w.grad.float().to(p.device) / scale
+                            finite = finite and bool(torch.isfinite(grad).all())
+                            p.grad = grad if p.grad is None else p.grad + grad
+                            w.grad = None
+            if finite or scale <= 1.0:
+                break
+            scale /= 2  # an fp16 overflow: a dynamic loss scaler halves the scale; the floor redoes the batch
         norm = global_norm(params).item()
         if clip > 0:
             # DeepSpeed's rule, as torch.nn.utils.clip_grad_norm_: scale when the norm exceeds clip.
