@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers.cuda_toolkit import nvcc_or_skip
+
 pytestmark = pytest.mark.fork_only
 
 CUDA = torch.cuda.is_available()
@@ -216,12 +218,25 @@ def installed_csrc():
     return Path(deepspeed.__file__).parent / "ops" / "csrc" / "fused_norm"
 
 
-@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
-def test_cuda_kernel_compiles_with_nvcc(tmp_path):
-    """The .cu file includes no torch header: nvcc compiles it on a machine without a GPU."""
+# The architectures GPU users run: A100 (8.0), H100 (9.0, and 9.0a for its own instructions), B200 (10.0a),
+# RTX 50xx / RTX PRO (12.0), with PTX for newer ones.
+ARCH_LIST = "8.0;9.0;9.0a;10.0a;12.0+PTX"
+
+
+def test_cuda_kernel_compiles_with_nvcc(tmp_path, monkeypatch):
+    """The .cu file includes no torch header: nvcc compiles it on a machine without a GPU, warnings as errors,
+    with the -gencode flags the fork's builder gives a prebuild for ARCH_LIST (in CI: nvcc from the registry)."""
+    nvcc = nvcc_or_skip()
+    from deepspeed.ops.op_builder.fused_norm import FusedNormBuilder
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", ARCH_LIST)
+    builder = FusedNormBuilder()
+    builder.jit_mode = False
+    gencode = builder.compute_capability_args()
+    for wanted in ("code=sm_80", "code=sm_90", "code=sm_90a", "code=sm_100a", "code=sm_120", "code=compute_120"):
+        assert any(flag.endswith(wanted) for flag in gencode), (wanted, gencode)
     source = installed_csrc() / "fused_norm_cuda.cu"
     proc = subprocess.run([
-        "nvcc", "-c", "-O3", "-std=c++17", "-Werror", "all-warnings", f"-I{source.parent}",
+        nvcc, "-c", "-O3", "-std=c++17", "-Werror", "all-warnings", *gencode, f"-I{source.parent}",
         str(source), "-o",
         str(tmp_path / "fused_norm_cuda.o")
     ],

@@ -1,0 +1,109 @@
+# SPDX-License-Identifier: Apache-2.0
+
+# DeepSpeed Team
+"""tools/gpu-check: its dry run (no GPU) finds every script and option it would use, so the command cannot rot
+between GPU runs; each check's criterion fails on numbers that miss it."""
+
+import argparse
+import importlib.machinery
+import importlib.util
+import json
+import subprocess
+import sys
+
+import pytest
+
+from helpers.repo import REPO
+
+TOOL = REPO / "tools" / "gpu-check"
+
+
+@pytest.fixture(scope="module")
+def gpu_check():
+    loader = importlib.machinery.SourceFileLoader("gpu_check", str(TOOL))
+    module = importlib.util.module_from_spec(importlib.util.spec_from_loader("gpu_check", loader))
+    loader.exec_module(module)
+    return module
+
+
+def test_dry_run_finds_every_command():
+    proc = subprocess.run([sys.executable, str(TOOL), "--dry-run"], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "dry run of 7 check(s): OK" in proc.stdout
+    for name in ("fused-norm", "cuda-engines", "gas-check-bf16-fused-adam", "norm-bandwidth", "norm-host-time",
+                 "step-time", "upstream-gpu-tier"):
+        assert f"{name}: " in proc.stdout
+
+
+def test_dry_run_reports_an_option_a_script_lacks(gpu_check, capsys):
+    check = gpu_check.Check("renamed-option",
+                            "a benchmark whose option was renamed",
+                            "-", ["{fork}"],
+                            options={"benchmarks/grad_norm_speed.py": ["--device", "--no-such-option"]})
+    args = argparse.Namespace(fork_python=sys.executable)
+    assert gpu_check.dry_run([check], args) == 1
+    assert "--no-such-option" in capsys.readouterr().err
+
+
+def junit(tmp_path, cases):
+    body = "".join(
+        f'<testcase name="{name}">{"<skipped/>" if kind == "skipped" else "<failure/>" if kind == "failed" else ""}'
+        "</testcase>" for name, kind in cases.items())
+    (tmp_path / "r.xml").write_text(f'<testsuites><testsuite name="t">{body}</testsuite></testsuites>')
+
+
+def test_pytest_criterion(gpu_check, tmp_path):
+    judge = gpu_check.judge_pytest("r.xml", "cuda")
+    junit(tmp_path, {"test_cuda_a": "passed", "test_cpu_b": "skipped"})
+    assert judge(0, tmp_path)[0]
+    junit(tmp_path, {"test_cuda_a": "skipped", "test_cpu_b": "passed"})  # a GPU test skipped: not a GPU check
+    assert not judge(0, tmp_path)[0]
+    junit(tmp_path, {"test_cuda_a": "passed", "test_cpu_b": "failed"})
+    passed, detail = judge(1, tmp_path)
+    assert not passed and "test_cpu_b" in detail
+    assert not judge(0, tmp_path / "absent")[0]
+
+
+def bandwidth_rows(fused_seconds):
+    return {
+        "rows": [{
+            "model": "m",
+            "dtype": "float32",
+            "bytes": 1e9,
+            "copy": {
+                "seconds": 2.0
+            },
+            "fused op": {
+                "seconds": fused_seconds,
+                "rel_error": 1e-9
+            }
+        }]
+    }
+
+
+def test_bandwidth_criterion(gpu_check, tmp_path):
+    # copy moves 2 GB in 2 s (1 GB/s); the norm reads 1 GB.
+    (tmp_path / "norm-bandwidth.json").write_text(json.dumps(bandwidth_rows(1.05)))
+    assert gpu_check.judge_norm_bandwidth(0, tmp_path)[0]
+    (tmp_path / "norm-bandwidth.json").write_text(json.dumps(bandwidth_rows(1.25)))  # 80% of a copy
+    assert not gpu_check.judge_norm_bandwidth(0, tmp_path)[0]
+
+
+def test_step_time_and_host_time_criteria(gpu_check, tmp_path):
+    (tmp_path / "step-time.json").write_text(
+        json.dumps({"rows": [{
+            "config": "a",
+            "ratio": 0.6
+        }, {
+            "config": "b",
+            "ratio": 1.2
+        }]}))
+    passed, detail = gpu_check.judge_step_time(0, tmp_path)
+    assert not passed and "b 1.200" in detail
+    (tmp_path / "step-time.json").write_text(json.dumps({"rows": [{"config": "a", "ratio": 0.6}]}))
+    assert gpu_check.judge_step_time(0, tmp_path)[0]
+    rows = [{"host_us": 200.0}, {"host_us": 60.0}, {"host_us": 100.0}, {"host_us": 120.0}]
+    (tmp_path / "norm-host-time.json").write_text(json.dumps(rows))
+    assert not gpu_check.judge_host_time(0, tmp_path)[0]
+    (tmp_path / "norm-host-time.json").write_text(json.dumps(rows[:2]))
+    assert gpu_check.judge_host_time(0, tmp_path)[0]
