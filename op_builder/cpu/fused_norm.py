@@ -25,5 +25,10 @@ class FusedNormBuilder(CPUOpBuilder):
     def include_paths(self):
         return ['csrc/fused_norm']
 
+    def cxx_args(self):
+        # No fused multiply-add: -march=native would contract a lane's square-and-add into one, so this
+        # build's fp32 sums would differ in their last bits from the CUDA build's CPU kernel.
+        return super().cxx_args() + ['-ffp-contract=off']
+
     def extra_ldflags(self):
         return ['-fopenmp']
