@@ -155,7 +155,9 @@ def test_offload_refuses_an_unused_parameter_unless_told_to_ignore_it(launched):
 @pytest.mark.parametrize("case", [c for c in MUON_CASES if "fp16" in c])
 def test_muon_fp16_norm_equals_fp32(launched, case):
     """The same Muon step in fp16 and fp32 (loss scale 1): the norms agree within fp16 rounding (a
-    Muon update left without the loss scale would make the fp16 one 256 times too small)."""
+    Muon update left without the loss scale would make the fp16 one 256 times too small). With the
+    orthogonalization in fp64 (the worker), fp16's forward and backward move the norm by 1.9e-5 to 7.3e-4
+    (ZeRO-1, ZeRO-2, ZeRO-2 offload; torch 2.13.0 and 2.14.1)."""
     fp32 = launched.case(case.replace("offload_", "").replace("fp16", "fp32"))
     for rank, (result, same) in enumerate(zip(launched.case(case), fp32)):
         assert result["skipped_steps"] == 0, f"rank {rank}: {result}"

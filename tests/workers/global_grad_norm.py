@@ -244,13 +244,24 @@ def unused_parameter_case(ignore):
     return run
 
 
+def newton_schulz_in_fp64(ns_method="gram"):
+    return torch.float64
+
+
 def muon_case(extra):
     """The Muon optimizer (2-D weights orthogonalized, the rest Adam), clipping 1.0: the norm (of the
     Muon updates and the other gradients together, the quantity its clip uses) and the collectives of
     the boundary step. With fp16 the Muon update carries no loss scale, so its group's norm needs the
-    scale put back (upstream did that per group)."""
+    scale put back (upstream did that per group).
+
+    The Newton-Schulz orthogonalization runs in fp64 here: by default it runs in fp16 (bf16) matmuls, whose
+    CPU kernels differ between torch builds. That alone moved the fp32 case's norm by 3.1e-3 between torch
+    2.13.0 (CPU) and 2.14.1 (CUDA build, run on the CPU), 4.560454 vs 4.574610; in fp64 both give 4.564153.
+    What is compared is the engine's fp16 path and its loss scale, not the orthogonalization's rounding."""
 
     def run():
+        from deepspeed.runtime.zero.muon import original_muon
+        original_muon.ns_compute_dtype = newton_schulz_in_fp64
         from deepspeed.utils import safe_get_full_fp32_param
         layers = make_layers()
         model = torch.nn.Sequential(*copy.deepcopy(layers))
