@@ -253,51 +253,57 @@ def main(argv=None):
     from .check import DEFAULT_SPLITS, check_gas_invariance, config_dtype, format_results
     from .progress import Progress
     deepspeed.init_distributed()
-    rank0 = dist.get_rank() == 0
     try:
-        if splits is None:
-            splits = (fixed_data_splits(data, args.steps, dist.get_world_size(), args.pipeline_stages)
-                      if args.data and not data.sized else list(DEFAULT_SPLITS))
-        progress = Progress(len(splits), enabled=rank0 and not args.quiet)
-        results = check_gas_invariance(config,
-                                       make_model,
-                                       splits,
-                                       args.steps,
-                                       args.pipeline_stages,
-                                       args.loop,
-                                       data=data,
-                                       loss_fn=loss_fn,
-                                       reference=args.reference,
-                                       progress=progress,
-                                       items=args.items)
-    except ValueError as err:
-        print(f"ds_gas_check: error: {err}", file=sys.stderr)
-        return 2
-    accumulation_note, _ = bf16_accumulation_reading(config, results)
-    if accumulation_note:
-        notes.append(accumulation_note)
-    if rank0:
-        zero = config.get("zero_optimization", {}).get("stage", 0)
-        what = (f"model {args.hf_model or args.model}, " if args.hf_model or args.model else "")
-        title = (f"ds_gas_check: deepspeed {deepspeed.__version__}, {dist.get_world_size()} rank(s), {args.config}: "
-                 f"{what}ZeRO {zero}, {config_dtype(config)}, optimizer {config['optimizer'].get('type')}, "
-                 f"{'pipeline %d stages, ' % args.pipeline_stages if args.pipeline_stages else ''}"
-                 f"{'loss_normalization per_item, ' if config.get('loss_normalization') == 'per_item' else ''}"
-                 f"{'variable items per sample, ' if args.items == 'variable' else ''}"
-                 f"{len(results[0].update_errors)} steps")
-        print("\n".join([format_results(results, title)] + [f"note: {n}" for n in notes]), flush=True)
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump([dict(vars(r), name=r.name, passed=r.passed) for r in results], f, indent=1)
-        if args.plot:
-            from .plot import plot_check
-            try:
-                plot_check(args.plot, results, title)
-            except ValueError as err:
-                print(f"ds_gas_check: error: {err}", file=sys.stderr)
-                return 2
-            print(f"plot: {args.plot}")
-    return 0 if all(r.passed for r in results) else 1
+        rank0 = dist.get_rank() == 0
+        try:
+            if splits is None:
+                splits = (fixed_data_splits(data, args.steps, dist.get_world_size(), args.pipeline_stages)
+                          if args.data and not data.sized else list(DEFAULT_SPLITS))
+            progress = Progress(len(splits), enabled=rank0 and not args.quiet)
+            results = check_gas_invariance(config,
+                                           make_model,
+                                           splits,
+                                           args.steps,
+                                           args.pipeline_stages,
+                                           args.loop,
+                                           data=data,
+                                           loss_fn=loss_fn,
+                                           reference=args.reference,
+                                           progress=progress,
+                                           items=args.items)
+        except ValueError as err:
+            print(f"ds_gas_check: error: {err}", file=sys.stderr)
+            return 2
+        accumulation_note, _ = bf16_accumulation_reading(config, results)
+        if accumulation_note:
+            notes.append(accumulation_note)
+        if rank0:
+            zero = config.get("zero_optimization", {}).get("stage", 0)
+            what = (f"model {args.hf_model or args.model}, " if args.hf_model or args.model else "")
+            title = (
+                f"ds_gas_check: deepspeed {deepspeed.__version__}, {dist.get_world_size()} rank(s), {args.config}: "
+                f"{what}ZeRO {zero}, {config_dtype(config)}, optimizer {config['optimizer'].get('type')}, "
+                f"{'pipeline %d stages, ' % args.pipeline_stages if args.pipeline_stages else ''}"
+                f"{'loss_normalization per_item, ' if config.get('loss_normalization') == 'per_item' else ''}"
+                f"{'variable items per sample, ' if args.items == 'variable' else ''}"
+                f"{len(results[0].update_errors)} steps")
+            print("\n".join([format_results(results, title)] + [f"note: {n}" for n in notes]), flush=True)
+            if args.json:
+                with open(args.json, "w") as f:
+                    json.dump([dict(vars(r), name=r.name, passed=r.passed) for r in results], f, indent=1)
+            if args.plot:
+                from .plot import plot_check
+                try:
+                    plot_check(args.plot, results, title)
+                except ValueError as err:
+                    print(f"ds_gas_check: error: {err}", file=sys.stderr)
+                    return 2
+                print(f"plot: {args.plot}")
+        return 0 if all(r.passed for r in results) else 1
+    finally:
+        # Down before exit: communication threads still running at interpreter teardown abort the ranks
+        # ("terminate called without an active exception", exit -6) after the check has printed its result.
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
