@@ -324,26 +324,31 @@ def _all_reduce(values, op=dist.ReduceOp.SUM):
     return tensor.cpu().tolist()
 
 
-def _relative_errors(run, weights, steps):
-    """Per step, over every rank: ||update of run - update of weights|| / ||update of weights||."""
-    sums = _all_reduce([s for step in range(1, steps + 1) for s in _update_sums(run.weights, weights, step)])
+def _step_sums(run, weights, steps):
+    """This rank's _update_sums of every step, and the same summed over every rank (one collective).
+
+    Every distinct tensor is held by the same number of ranks (all of them, or one stage's data-parallel
+    group), so sums over all ranks give the same ratios as sums over distinct tensors."""
+    local = [_update_sums(run.weights, weights, step) for step in range(1, steps + 1)]
+    return local, _all_reduce([s for step_sums in local for s in step_sums])
+
+
+def _relative_errors(sums, steps):
+    """Per step: ||update of run - update of weights|| / ||update of weights||, from _step_sums' totals."""
     return [math.sqrt(sums[4 * s + 2] / sums[4 * s + 1]) if sums[4 * s + 1] else 0.0 for s in range(steps)]
 
 
 def compare_split(micro, gas, run, expected_norms, expected_weights, tol, floor_weights=None):
     world = dist.get_world_size()
     steps = len(run.norms)
-    # Every distinct tensor is held by the same number of ranks (all of them, or one stage's data-
-    # parallel group), so sums over all ranks give the same ratios as sums over distinct tensors.
-    local = [_update_sums(run.weights, expected_weights, step) for step in range(1, steps + 1)]
-    sums = _all_reduce([s for step_sums in local for s in step_sums])
-    update_errors = [math.sqrt(sums[4 * s + 2] / sums[4 * s + 1]) if sums[4 * s + 1] else 0.0 for s in range(steps)]
+    local, sums = _step_sums(run, expected_weights, steps)
+    update_errors = _relative_errors(sums, steps)
     dot, exp_sq, _, _ = local[0]
     own = [0.0] * world
     own[dist.get_rank()] = dot / exp_sq if exp_sq else float("nan")
     rank_factors = _all_reduce(own)
     norm_errors = [abs(n - r) / r if r else abs(n - r) for n, r in zip(run.norms, expected_norms)]
-    floor_errors = _relative_errors(run, floor_weights, steps) if floor_weights is not None else []
+    floor_errors = [] if floor_weights is None else _relative_errors(_step_sums(run, floor_weights, steps)[1], steps)
     return SplitResult(micro=micro,
                        gas=gas,
                        world=world,
