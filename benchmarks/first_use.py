@@ -10,11 +10,12 @@ and importing deepspeed, so their difference is the build's cost). On the CPU ac
 loads the shm comm op (both installs) and, on the fork, fused_norm; CPU Adam (optimizer offload)
 and FusedAdam's CPU op are listed for reference. ``--ops`` picks.
 
-    python benchmarks/first_use.py --pristine-python build/upstream-venv-0.19.8/bin/python
+    python benchmarks/first_use.py --pristine-python "$(tools/test-against-upstream --venv 0.19.8)"
 """
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -37,13 +38,22 @@ def timed_load(python, code, extensions_dir):
     return {"seconds": seconds}
 
 
+def pristine_like(fork_python):
+    """The venv tools/test-against-upstream builds for pristine upstream on fork_python's torch and Python."""
+    tool = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools", "test-against-upstream")
+    out = subprocess.run([tool, "--like", fork_python, "--venv"], stdout=subprocess.PIPE, text=True, check=True).stdout
+    return out.strip().splitlines()[-1]
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fork-python", default=sys.executable)
-    parser.add_argument("--pristine-python", default="build/upstream-venv-0.19.8/bin/python")
+    parser.add_argument("--pristine-python",
+                        help="default: the venv of tools/test-against-upstream on the fork's torch and Python")
     parser.add_argument("--ops", nargs="+", default=["shm_comm", "fused_norm"], choices=sorted(LOADS))
     parser.add_argument("--json")
     args = parser.parse_args()
+    args.pristine_python = args.pristine_python or pristine_like(args.fork_python)
     rows = []
     for side, python in (("fork", args.fork_python), ("pristine", args.pristine_python)):
         for op in args.ops:

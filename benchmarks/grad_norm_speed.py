@@ -28,7 +28,7 @@ CUDA each timing is the mean of ``--inner`` back-to-back calls (one sync at the 
 "fused GPU-busy" is the device time of one call (its kernels and the copy of its plan, from the
 profiler): the op's cost to the GPU, without the host's launch overhead, which bounds small sets.
 
-    python benchmarks/grad_norm_speed.py --upstream-python build/upstream-venv-0.19.8/bin/python
+    python benchmarks/grad_norm_speed.py --upstream-python "$(tools/test-against-upstream --venv 0.19.8)"
 """
 
 import argparse

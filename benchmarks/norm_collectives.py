@@ -14,7 +14,7 @@ the norm's collective and comes back in its host read; without a ZeRO optimizer 
 BF16_Optimizer) it rides in the first gradient bucket's all-reduce, and the step reads it back once
 (one host read more). The collectives are mean mode's on every path.
 
-    python benchmarks/norm_collectives.py --upstream-python build/upstream-venv-0.19.8/bin/python
+    python benchmarks/norm_collectives.py --upstream-python "$(tools/test-against-upstream --venv 0.19.8)"
 """
 
 import argparse

@@ -15,7 +15,7 @@ their min-max), and the share of the step spent in the norm and the overflow che
 (the methods that take them, timed from outside: upstream's per-group norm and separate overflow
 check, the fork's single-collective one).
 
-    python benchmarks/step_time.py --pristine-python build/upstream-venv-0.19.8/bin/python
+    python benchmarks/step_time.py --pristine-python "$(tools/test-against-upstream --venv 0.19.8)"
     python benchmarks/step_time.py ... --ranks 1 --model gpt2-125m --configs z1_bf16_gas1 ...  # a GPU
 
 Runs on the CPU accelerator (gloo, one thread per rank) or a GPU, whatever the installs detect.
@@ -318,12 +318,20 @@ def parent(args):
         Path(args.json).write_text(json.dumps({"header": header, "rows": rows, "rounds": rounds}, indent=1) + "\n")
 
 
+def pristine_like(fork_python):
+    """The venv tools/test-against-upstream builds for pristine upstream on fork_python's torch and Python."""
+    tool = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools", "test-against-upstream")
+    out = subprocess.run([tool, "--like", fork_python, "--venv"], stdout=subprocess.PIPE, text=True, check=True).stdout
+    return out.strip().splitlines()[-1]
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     parser.add_argument("--fork-python", default=sys.executable)
-    parser.add_argument("--pristine-python", default="build/upstream-venv-0.19.8/bin/python")
+    parser.add_argument("--pristine-python",
+                        help="default: the venv of tools/test-against-upstream on the fork's torch and Python")
     parser.add_argument("--model", default="gpt2-tiny", choices=sorted(MODELS))
     parser.add_argument("--configs", nargs="+", default=sorted(CONFIGS), choices=sorted(CONFIGS))
     parser.add_argument("--ranks", type=int, default=2)
@@ -336,6 +344,7 @@ def main():
     parser.add_argument("--work-dir", help="where each launch's JSON goes (default: a temporary directory)")
     parser.add_argument("--json", help="also write the table's rows and every round's results here")
     args = parser.parse_args()
+    args.pristine_python = args.pristine_python or pristine_like(args.fork_python)
     worker(args) if args.worker else parent(args)
 
 

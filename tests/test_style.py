@@ -10,7 +10,18 @@ import pytest
 
 from helpers.repo import REPO, repo_files
 
-PYTHON_FILES = sorted(name for name in repo_files() if name.endswith(".py"))
+
+def is_python(name):
+    """A .py file, or an executable script of ours in Python (tools/gpu-check): its first line says so."""
+    if name.endswith(".py"):
+        return True
+    if "." in name.rsplit("/", 1)[-1]:
+        return False
+    with open(REPO / name, "rb") as script:
+        return script.readline().startswith(b"#!/usr/bin/env python")
+
+
+PYTHON_FILES = sorted(name for name in repo_files() if is_python(name))
 
 
 def run_tool(module, *args):

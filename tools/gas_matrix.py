@@ -9,7 +9,7 @@ with the python that runs this script, so the same command gives the fork's matr
 another environment, pristine upstream's:
 
     python tools/gas_matrix.py                                        # the installed fork
-    build/upstream-venv-0.19.8/bin/python tools/gas_matrix.py         # after tools/test-against-upstream
+    "$(tools/test-against-upstream --venv 0.19.8)" tools/gas_matrix.py         # after tools/test-against-upstream
     python tools/gas_matrix.py --parallel                             # MoE, Ulysses SP, AutoTP rows instead
     python tools/gas_matrix.py --parallel --rows moe_tp2              # only the MoE-under-TP rows
 """

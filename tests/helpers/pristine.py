@@ -1,16 +1,18 @@
 # SPDX-License-Identifier: Apache-2.0
 
 # DeepSpeed Team
-"""An interpreter with pristine upstream deepspeed (the venv ``tools/test-against-upstream`` builds)."""
+"""An interpreter with pristine upstream deepspeed (the venv ``tools/test-against-upstream`` builds), on the
+same torch and Python as the fork that runs the tests."""
 
 import subprocess
+import sys
 
 from helpers.repo import REPO
 
 
 def pristine_python():
-    """Path of that venv's python, building the venv on first use (about a minute here)."""
-    proc = subprocess.run([str(REPO / "tools" / "test-against-upstream"), "--venv"],
+    """Path of that venv's python, building the venv on first use (about a minute here; longer for a CUDA torch)."""
+    proc = subprocess.run([str(REPO / "tools" / "test-against-upstream"), "--like", sys.executable, "--venv"],
                           stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE,
                           text=True,

@@ -90,10 +90,11 @@ def side_identity(identity, info, package_dir):
     return recorded
 
 
-def pristine_python(given):
+def pristine_python(given, fork_python):
+    """The pristine interpreter: the one given, or the venv on the fork's torch and Python."""
     if given:
         return given
-    proc = subprocess.run([str(REPO / "tools" / "test-against-upstream"), "--venv"],
+    proc = subprocess.run([str(REPO / "tools" / "test-against-upstream"), "--like", fork_python, "--venv"],
                           stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE,
                           text=True)
@@ -272,7 +273,7 @@ def run_in(args, work_dir):
         fork_extensions = Path(args.fork_extensions_dir or work_dir / "torch_extensions-fork").resolve()
         sides.append(Side("fork", args.fork_python, fork_extensions, fork_info["package_dir"]))
     if run_pristine:
-        python = pristine_python(args.pristine_python)
+        python = pristine_python(args.pristine_python, args.fork_python)
         info = describe_python(python)
         if info["deepspeed"] != pin["version"]:
             raise SetupError(f"--pristine-python {python} has deepspeed {info['deepspeed']}, not pristine "
@@ -406,7 +407,7 @@ def run_prefixes(args, tests_dir, work_dir, results_dir, tests_sha256, added, pi
     from patches import BASE_TAG, apply_mbox, git, materialise
     from pr_bundles import NOT_FOR_UPSTREAM, export_prs
 
-    python = os.path.abspath(pristine_python(args.pristine_python))
+    python = os.path.abspath(pristine_python(args.pristine_python, args.fork_python))
     info = describe_python(python)
     if info["deepspeed"] != pin["version"]:
         raise SetupError(f"--pristine-python {python} has deepspeed {info['deepspeed']}, not pristine "
