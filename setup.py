@@ -21,7 +21,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 def main():
     sys.path.insert(0, HERE)
     try:
-        from gafix_build import BuildError, assemble_tree, read_extras, with_extras
+        from gafix_build import BuildError, assemble_tree, read_extras, with_extras, with_supported_versions
     finally:
         sys.path.remove(HERE)
 
@@ -35,10 +35,11 @@ def main():
         sys.exit(f"error: deepspeed-gafix: {err}")
 
     # Upstream's setup.py expects to run from its own directory and imports op_builder/ from there;
-    # it calls setuptools.setup, which gets our extras (``.[hf]``) added to upstream's.
+    # it calls setuptools.setup, which gets our extras (``.[hf]``) added to upstream's and the tested versions
+    # (gafix_build/supported.py) in its classifiers and summary.
     import setuptools
     upstream_setup = setuptools.setup
-    setuptools.setup = with_extras(upstream_setup, extras)
+    setuptools.setup = with_supported_versions(with_extras(upstream_setup, extras))
     cwd = os.getcwd()
     os.chdir(tree)
     sys.path.insert(0, tree)
