@@ -1,0 +1,60 @@
+# SPDX-License-Identifier: Apache-2.0
+
+# DeepSpeed Team
+"""Our clients' own DeepSpeed tests (tools/client-tier): the fast part, on the fork and on pristine upstream.
+
+transformers' Trainer at ZeRO-2 and ZeRO-3 (bf16): its basic training and its gradient-accumulation
+equivalence test, the family of bugs this fork exists for. Each must pass on the fork, and none may pass on
+pristine and fail on the fork. The whole tier (about 25 minutes a side here) runs
+before a release; its report is docs/client_tier/report.md.
+"""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from helpers.pristine import pristine_python
+from helpers.repo import REPO
+
+CLIENT_TESTS = REPO.parent / "shared" / "client-tests"
+FAST = "basic_training or gradient_accumulation"
+
+pytestmark = pytest.mark.fork_only
+
+
+def client_tests_or_skip():
+    missing = [name for name in ("transformers", "accelerate") if importlib.util.find_spec(name) is None]
+    if not CLIENT_TESTS.is_dir():
+        missing.append(str(CLIENT_TESTS))
+    if missing and os.environ.get("DS_GAFIX_REQUIRE_HF") == "1":
+        pytest.fail(f"DS_GAFIX_REQUIRE_HF=1 but the client tier lacks {', '.join(missing)}")
+    if missing:
+        pytest.skip(f"the client tier needs {', '.join(missing)}")
+
+
+def test_client_tier_fast_part_has_no_regression(tmp_path, extensions_dir):
+    client_tests_or_skip()
+    report = tmp_path / "report.md"
+    proc = subprocess.run([
+        sys.executable,
+        str(REPO / "tools" / "client-tier"), "--selections", "transformers-trainer", "-k", FAST, "--pristine-python",
+        pristine_python(), "--work-dir",
+        str(tmp_path / "work"), "--fork-extensions-dir",
+        str(extensions_dir), "--report",
+        str(report), "--timeout", "900"
+    ],
+                          stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT,
+                          text=True)
+    print(proc.stdout[-6000:])
+    assert proc.returncode == 0, proc.stdout[-6000:]
+    summary = json.loads(report.with_suffix(".json").read_text())["selections"]["transformers-trainer"]
+    assert summary["categories"]["regression"] == 0
+    # Pristine 0.19.8 fails every one of these (patch 0031's bug), so "no regression" alone would pass a fork that
+    # failed them too: on the fork each must pass.
+    fork = summary["sides"]["fork"]
+    assert fork["run"] >= 4 and fork["passed"] == fork["run"], summary["outcomes"]["fork"]
