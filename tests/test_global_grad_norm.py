@@ -51,8 +51,9 @@ PLAN_BUILDS = {case: 0 if case == "zero1_bf16_fp32_accumulation" else 1 for case
 OVERFLOW_CASES = ["zero2_fp16_overflow", "zero3_fp16_overflow"]
 # zero_optimization.compute_grad_norm false (upstream #8331): collectives in step(), update tolerance.
 NO_NORM_CASES = {"zero1_no_norm_fp32": (0, 1e-6), "zero2_no_norm_fp32": (0, 1e-6), "zero2_no_norm_fp16": (1, 1e-2)}
-# Muon (2-D weights orthogonalized, the rest Adam): its fp16 update carries no loss scale, so the
-# norm scales its squares back; every case takes one collective (0.19.8: 2 in fp32, 3 in fp16).
+# Muon (2-D weights orthogonalized, the rest Adam): the norm is the gradient's, taken before Newton-Schulz
+# (patch 0032; tests/test_optimizer_updates.py compares it with fp64); every case takes one collective
+# (0.19.8: 2 in fp32, 3 in fp16).
 MUON_CASES = ["zero1_muon_fp32", "zero2_muon_fp32", "zero1_muon_fp16", "zero2_muon_fp16", "zero2_offload_muon_fp16"]
 UNUSED_PARAMETER_CASES = ["zero2_offload_unused_parameter_refused", "zero2_offload_unused_parameter_ignored"]
 PIPELINE_CASES = ["pipeline_buffer_dtype", "pipeline_fp32_norm", "pipeline_tied_fp32_norm", "pipeline_fp16_norm"]
@@ -155,7 +156,7 @@ def test_offload_refuses_an_unused_parameter_unless_told_to_ignore_it(launched):
 @pytest.mark.parametrize("case", [c for c in MUON_CASES if "fp16" in c])
 def test_muon_fp16_norm_equals_fp32(launched, case):
     """The same Muon step in fp16 and fp32 (loss scale 1): the norms agree within fp16 rounding (a
-    Muon update left without the loss scale would make the fp16 one 256 times too small). With the
+    norm left with the loss scale, or without it, would be 256 times off). With the
     orthogonalization in fp64 (the worker), fp16's forward and backward move the norm by 1.9e-5 to 7.3e-4
     (ZeRO-1, ZeRO-2, ZeRO-2 offload; torch 2.13.0 and 2.14.1)."""
     fp32 = launched.case(case.replace("offload_", "").replace("fp16", "fp32"))

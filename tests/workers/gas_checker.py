@@ -34,7 +34,10 @@ def zero(stage, **extra):
 
 
 def check(config, **kwargs):
-    return [dict(vars(r), name=r.name, passed=r.passed) for r in gas_check.check_gas_invariance(config, **kwargs)]
+    return [
+        dict(vars(r), name=r.name, passed=r.passed, verdict=r.verdict)
+        for r in gas_check.check_gas_invariance(config, **kwargs)
+    ]
 
 
 def with_backward(wrapper, config):
@@ -150,6 +153,31 @@ CONFIGS = {
     "zero3_offload_bf16_clip":
     zero_offload(3, gradient_clipping=0.5, **SGD, **BF16),
 }
+MUON = {"optimizer": {"type": "Muon", "params": {"lr": 0.02, "momentum": 0.95}}}
+ADAGRAD = {"optimizer": {"type": "Adagrad", "params": {"lr": 0.01}}}
+LION = {"optimizer": {"type": "Lion", "params": {"lr": 1e-4, "betas": [0.9, 0.99]}}}
+
+
+def zero_muon(stage, **extra):
+    """Muon under ZeRO: Newton-Schulz needs each matrix's whole reduced gradient, so no reduce-scatter."""
+    config = zero(stage, gradient_clipping=0.5, **MUON, **extra)
+    config["zero_optimization"]["reduce_scatter"] = False
+    return config
+
+
+# The optimizers beside SGD and Adam (ds_gas_check --optimizer muon, adagrad, lion), clipping active. 0.19.8
+# clips Muon's orthogonalized update, not its gradient (patch 0032).
+CONFIGS.update({
+    "zero1_fp32_muon_clip": zero_muon(1),
+    "zero3_fp32_muon_clip": zero_muon(3),
+    "zero2_offload_fp32_muon_clip": zero_muon(2, zero_optimization={
+        "stage": 2,
+        **OFFLOAD
+    }),
+    "zero2_bf16_muon_clip": zero_muon(2, **BF16),
+    "zero2_offload_fp32_adagrad_clip": zero_offload(2, gradient_clipping=0.5, **ADAGRAD),
+    "zero2_offload_fp32_lion_clip": zero_offload(2, gradient_clipping=0.5, **LION),
+})
 CASES = {name: (lambda config=config: check(config)) for name, config in CONFIGS.items()}
 CASES["zero2_fp32_caller_divides"] = lambda: with_backward(divides_itself, CONFIGS["zero2_fp32"])
 CASES["zero1_fp32_boundary_loop"] = lambda: check(CONFIGS["zero1_fp32"], loop="boundary")

@@ -249,10 +249,8 @@ def newton_schulz_in_fp64(ns_method="gram"):
 
 
 def muon_case(extra):
-    """The Muon optimizer (2-D weights orthogonalized, the rest Adam), clipping 1.0: the norm (of the
-    Muon updates and the other gradients together, the quantity its clip uses) and the collectives of
-    the boundary step. With fp16 the Muon update carries no loss scale, so its group's norm needs the
-    scale put back (upstream did that per group).
+    """The Muon optimizer (2-D weights orthogonalized, the rest Adam), clipping 1.0: the norm (the
+    gradient's, which the clip uses before Newton-Schulz runs) and the collectives of the boundary step.
 
     The Newton-Schulz orthogonalization runs in fp64 here: by default it runs in fp16 (bf16) matmuls, whose
     CPU kernels differ between torch builds. That alone moved the fp32 case's norm by 3.1e-3 between torch

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .batches import batch_size, model_loss, rows, to
+from .optimizers import Lion, MuonWithAdamW
 
 
 @dataclass
@@ -27,7 +28,8 @@ class ReferenceRun:
 
 
 def reference_optimizer(params, optimizer_config):
-    """The torch.optim twin of the config's ``optimizer`` section (SGD, Adam, AdamW)."""
+    """The twin of the config's ``optimizer`` section: torch.optim's SGD, Adam, AdamW, Adagrad, or Lion and Muon
+    (optimizers.py)."""
     kind = optimizer_config.get("type", "")
     args = dict(optimizer_config.get("params", {}))
     if kind.lower() == "sgd":
@@ -40,8 +42,17 @@ def reference_optimizer(params, optimizer_config):
         kwargs = {k: args[k] for k in keys if k in args}
         kwargs.setdefault("weight_decay", 0.0)
         return (torch.optim.AdamW if decoupled else torch.optim.Adam)(params, **kwargs)
-    raise ValueError(f"config key 'optimizer.type' is '{kind}': the fp64 reference knows SGD, Adam and AdamW "
-                     f"(pass --optimizer sgd or adamw to check with one of those)")
+    if kind.lower() == "adagrad":
+        keys = ("lr", "lr_decay", "weight_decay", "initial_accumulator_value", "eps")
+        return torch.optim.Adagrad(params, **{k: args[k] for k in keys if k in args})
+    if kind.lower() == "lion":
+        keys = ("lr", "betas", "weight_decay")
+        return Lion(params, **{k: args[k] for k in keys if k in args})
+    if kind.lower() == "muon":
+        keys = ("lr", "momentum", "weight_decay", "betas", "eps", "muon_lr", "adam_lr", "ns_method")
+        return MuonWithAdamW(params, **{k: args[k] for k in keys if k in args})
+    raise ValueError(f"config key 'optimizer.type' is '{kind}': the fp64 reference knows SGD, Adam, AdamW, Adagrad, "
+                     f"Lion and Muon (pass --optimizer sgd, adamw, adagrad, lion or muon to check with one of those)")
 
 
 def global_norm(parameters):

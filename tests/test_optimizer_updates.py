@@ -1,0 +1,64 @@
+# SPDX-License-Identifier: Apache-2.0
+
+# DeepSpeed Team
+"""Each optimizer DeepSpeed's config names, on each ZeRO stage (CPU offload where it has a CPU op), steps as
+torch's optimizer (or the published rule) after clip_grad_norm_: three clipped steps at two micro-batch x GAS
+splits against fp64 PyTorch, and one collective per step (tests/workers/optimizer_updates.py). The table of
+both installs is tools/optimizer-table's (docs/optimizers/report.md).
+
+Regression test for Muon under ZeRO-1/2/3 (patch 0032): 0.19.8 clips the orthogonalized update instead of the
+gradient (update 58% off, reported norm the update's, 4.6x the gradient's), and takes 2-3 collectives.
+"""
+
+import pytest
+
+from helpers.launch import LaunchesByRanks
+from helpers.optimizer_criteria import collectives, problems
+from helpers.repo import REPO
+from helpers.selection import params_of, selected_items
+
+WORKER = REPO / "tests" / "workers" / "optimizer_updates.py"
+# CI's share: Muon on every ZeRO stage and path patch 0032 changed, in each dtype. The rest of the table needs
+# DeepSpeed's CPU Adam, Adagrad and Lion ops (a JIT build each) and about 12 minutes: --run-slow.
+FAST = ["Muon_zero1_fp32", "Muon_zero2_offload_fp32", "Muon_zero3_fp32", "Muon_zero2_bf16", "Muon_zero1_fp16"]
+# What a CPU cannot run: FusedLion has no CPU op (tools/optimizer-table runs these on a GPU).
+NEEDS_GPU = {"Lion_zero0_fp32", "Lion_zero1_fp32", "Lion_zero2_fp32", "Lion_zero3_fp32"}
+
+
+def all_cases():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("optimizer_updates_cases", WORKER)
+    # The case names only: the worker's module imports deepspeed and torch, both installed here.
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return list(module.CASES)
+
+
+CASES = all_cases()
+
+
+@pytest.fixture(scope="module")
+def launched(extensions_dir, request):
+    selected = list(dict.fromkeys(params_of(item)["case"] for item in selected_items(request, "launched")))
+    return LaunchesByRanks(WORKER, lambda ranks: selected, extensions_dir=extensions_dir, timeout=2400)[2]
+
+
+@pytest.mark.parametrize(
+    "case",
+    [pytest.param(case, marks=[] if case in FAST else [pytest.mark.slow]) for case in CASES if case not in NEEDS_GPU])
+def test_steps_like_torch(launched, case):
+    ranks = launched.case(case)
+    for rank, splits in enumerate(ranks):
+        assert not problems(case, splits), f"rank {rank}: {problems(case, splits)}"
+
+
+@pytest.mark.fork_only
+@pytest.mark.parametrize("case", [
+    pytest.param(case, marks=[] if case in FAST else [pytest.mark.slow])
+    for case in CASES if case not in NEEDS_GPU and "zero0" not in case
+])
+def test_one_collective_per_step(launched, case):
+    """ZeRO's step() reduces once: the norm, the overflow flag (fp16) and nothing else. (ZeRO-0's gradients
+    are all-reduced in backward and its norm needs no collective.)"""
+    for rank, splits in enumerate(launched.case(case)):
+        assert collectives(splits) == 1, f"rank {rank}: {splits}"
