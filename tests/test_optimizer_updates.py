@@ -21,8 +21,8 @@ WORKER = REPO / "tests" / "workers" / "optimizer_updates.py"
 # CI's share: Muon on every ZeRO stage and path patch 0032 changed, in each dtype. The rest of the table needs
 # DeepSpeed's CPU Adam, Adagrad and Lion ops (a JIT build each) and about 12 minutes: --run-slow.
 FAST = ["Muon_zero1_fp32", "Muon_zero2_offload_fp32", "Muon_zero3_fp32", "Muon_zero2_bf16", "Muon_zero1_fp16"]
-# What a CPU cannot run: FusedLion has no CPU op (tools/optimizer-table runs these on a GPU).
-NEEDS_GPU = {"Lion_zero0_fp32", "Lion_zero1_fp32", "Lion_zero2_fp32", "Lion_zero3_fp32"}
+# What a CPU cannot run: FusedLion and FusedLamb have no CPU op (tools/optimizer-table runs these on 2 GPUs).
+NEEDS_GPU = {f"{kind}_zero{stage}_fp32" for kind in ("Lion", "Lamb") for stage in range(4)}
 
 
 def all_cases():

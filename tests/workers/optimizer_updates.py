@@ -6,8 +6,8 @@ stage (and CPU offload where the optimizer has a CPU op), against the same steps
 
 The reference trains the whole global batch of each step in fp64, clips with
 ``torch.nn.utils.clip_grad_norm_`` and steps torch's own optimizer (SGD, Adam, AdamW, Adagrad, Muon with
-AdamW for the non-matrix parameters, as DeepSpeed's Muon splits them), or the published rule written out
-(Lion). A case reports, per micro-batch x GAS split: the worst relative error of the weights' total change
+AdamW for the non-matrix parameters, as DeepSpeed's Muon splits them), or the rule written out (Lion from
+its paper, LAMB as DeepSpeed's FusedLamb computes it). A case reports, per micro-batch x GAS split: the worst relative error of the weights' total change
 over the three steps, the engine's global grad norm of each step next to the reference's (the gradient's,
 before clipping), the reference's clip coefficients (below 1: the clip was active) and the reducing
 collectives of each boundary ``step()``.
@@ -44,6 +44,22 @@ def lion_step(params, state, lr, betas, weight_decay):
         m.mul_(beta2).add_(p.grad, alpha=1 - beta2)
 
 
+def lamb_step(params, state, step, lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, max_coeff=10.0, min_coeff=0.01):
+    """LAMB as DeepSpeed's FusedLamb computes it (csrc/lamb/fused_lamb_cuda_kernel.cu), per tensor: Adam's moments,
+    eps outside the square root of the uncorrected second moment, bias correction in the step size, decoupled
+    weight decay inside the update, and the trust ratio ||p|| / ||update|| clamped to [min_coeff, max_coeff]."""
+    beta1, beta2 = betas
+    step_size = lr * (1 - beta2**step)**0.5 / (1 - beta1**step)
+    for p in params:
+        m, v = state.setdefault(p, (torch.zeros_like(p), torch.zeros_like(p)))
+        m.mul_(beta1).add_(p.grad, alpha=1 - beta1)
+        v.mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
+        update = m / (v.sqrt() + eps) + weight_decay * p.data
+        w_norm, u_norm = p.data.norm().item(), update.norm().item()
+        coeff = min(max(w_norm / u_norm, min_coeff), max_coeff) if w_norm and u_norm else 1.0
+        p.data.add_(update, alpha=-step_size * coeff)
+
+
 def newton_schulz_fp64(grad, ns_coefficients, ns_steps, eps):
     """torch.optim.Muon's orthogonalization, in fp64 instead of bf16 (the reference's precision)."""
     a, b, c = ns_coefficients
@@ -62,7 +78,7 @@ class Reference:
 
     def __init__(self, layers, kind, params):
         self.model = torch.nn.Sequential(*copy.deepcopy(layers)).double()
-        self.kind, self.params, self.lion_state = kind, params, {}
+        self.kind, self.params, self.lion_state, self.lamb_state, self.steps = kind, params, {}, {}, 0
         weights = list(self.model.parameters())
         if kind == "Muon":
             import torch.optim._muon as torch_muon
@@ -82,7 +98,7 @@ class Reference:
                                   eps=MUON["eps"],
                                   weight_decay=MUON["weight_decay"])
             ]
-        elif kind == "Lion":
+        elif kind in ("Lion", "Lamb"):
             self.optimizers = []
         else:
             self.optimizers = [getattr(torch.optim, kind)(weights, **params)]
@@ -95,8 +111,11 @@ class Reference:
         norm = torch.nn.utils.clip_grad_norm_(weights, clip) if clip > 0 else torch.linalg.vector_norm(
             torch.stack([p.grad.norm() for p in weights]))
         coef = min(1.0, clip / (norm.item() + 1e-6)) if clip > 0 else 1.0
+        self.steps += 1
         if self.kind == "Lion":
             lion_step(weights, self.lion_state, self.params["lr"], self.params["betas"], self.params["weight_decay"])
+        if self.kind == "Lamb":
+            lamb_step(weights, self.lamb_state, self.steps, **self.params)
         for optimizer in self.optimizers:
             optimizer.step()
         return norm.item(), coef
@@ -225,6 +244,7 @@ OPTIMIZERS = {
     "AdamW": dict(lr=0.01, weight_decay=0.01),
     "Adagrad": dict(lr=0.05),
     "Lion": dict(lr=0.001, betas=(0.9, 0.99), weight_decay=0.01),
+    "Lamb": dict(lr=0.01, weight_decay=0.01),
     "Muon": {},
 }
 # Which have a CPU op, so run with ZeRO-Offload (the others refuse it or fall back to a torch optimizer).
