@@ -31,7 +31,7 @@ MUST_PASS = [
     "zero2_fp32_caller_divides", "zero1_fp32_boundary_loop", "zero3_bf16_boundary_loop", "zero1_fp32_allreduce_sum",
     "zero2_bf16_allreduce_sum_clip", "zero0_fp32_unmanaged", "zero2_fp32_unmanaged", "pipe2_fp32_clip",
     "zero1_fp32_muon_clip", "zero3_fp32_muon_clip", "zero2_offload_fp32_muon_clip", "zero2_offload_fp32_adagrad_clip",
-    "zero2_offload_fp32_lion_clip"
+    "zero2_offload_fp32_lion_clip", "zero2_fp32_small_buckets", "zero3_fp32_small_buckets"
 ]
 
 # Left out of CI's launch (CI's 30 minutes), each beside a case that takes the same engine path: zero3_fp32
@@ -50,6 +50,8 @@ SLOW_CASES += ["zero1_fp32", "zero2_fp32", "zero1_fp16_scale_growth", "zero2_fp1
 # Offload with DeepSpeed's CPU Adagrad and Lion (each a JIT build of its own) and Muon's offload path: the full
 # optimizer table (tests/test_optimizer_updates.py) covers them; CI keeps Muon on ZeRO-1 and 3.
 SLOW_CASES += ["zero2_offload_fp32_muon_clip", "zero2_offload_fp32_adagrad_clip", "zero2_offload_fp32_lion_clip"]
+# --small-buckets: CI runs ZeRO-3 (prefetch, persistence, sub-groups); ZeRO-1/2 and the bucket-bug control slow.
+SLOW_CASES += ["zero2_fp32_small_buckets"]
 
 # The cases each test of the 2-rank launch without a ``case`` parameter reads by name.
 CASES_READ_BY = {
@@ -62,6 +64,7 @@ CASES_READ_BY = {
     "test_user_pipeline_module_with_clipping": ["pipe2_user_transformer_clip"],
     "test_mean_mode_reports_the_bias_of_micro_batch_means": ["zero1_fp32_mean_variable_items"],
     "test_bf16_muon_is_never_failed_for_rounding": ["zero2_bf16_muon_clip"],
+    "test_small_buckets_reveal_a_bucket_bug": ["control_bucket_bug_needs_small_buckets"],
 }
 
 
@@ -110,6 +113,17 @@ def test_bf16_muon_is_never_failed_for_rounding(launched):
     for rank, rows in enumerate(launched.case("zero2_bf16_muon_clip")):
         assert all(r["verdict"] in ("PASS", "UNRESOLVED") for r in rows), f"rank {rank}:\n{describe(rows)}"
         assert all(r["norm_error"] <= r["tolerance"] for r in rows), f"rank {rank}:\n{describe(rows)}"
+
+
+@pytest.mark.slow
+def test_small_buckets_reveal_a_bucket_bug(launched):
+    """Negative control for --small-buckets: a seeded bug doubles every gradient bucket reduced after the first
+    of a backward. The built-in model fits DeepSpeed's default bucket, so the default check passes; with small
+    buckets it spans several and the check fails."""
+    for rank, result in enumerate(launched.case("control_bucket_bug_needs_small_buckets")):
+        assert all(r["passed"] for r in result["default"]), f"rank {rank}:\n{describe(result['default'])}"
+        assert not any(r["passed"]
+                       for r in result["small_buckets"]), f"rank {rank}:\n{describe(result['small_buckets'])}"
 
 
 SCALE_GROWTH = [f"zero{stage}_fp16_scale_growth" for stage in range(4)]

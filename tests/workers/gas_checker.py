@@ -179,6 +179,40 @@ CONFIGS.update({
     "zero2_offload_fp32_lion_clip": zero_offload(2, gradient_clipping=0.5, **LION),
 })
 CASES = {name: (lambda config=config: check(config)) for name, config in CONFIGS.items()}
+
+
+def doubles_later_buckets():
+    """A seeded bucket bug: every gradient bucket ZeRO-1/2 reduces in a backward after its first is doubled.
+    With DeepSpeed's default bucket size the built-in model is one bucket, so the default check cannot see it;
+    with --small-buckets it spans several."""
+    from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer as Zero
+    average, epilogue = Zero.average_tensor, Zero.independent_gradient_partition_epilogue
+
+    def seeded_average(self, tensor, *args, **kwargs):
+        self.seeded_buckets = getattr(self, "seeded_buckets", 0) + 1
+        if self.seeded_buckets > 1:
+            tensor.mul_(2)
+        return average(self, tensor, *args, **kwargs)
+
+    def counted_epilogue(self, *args, **kwargs):
+        try:
+            return epilogue(self, *args, **kwargs)
+        finally:
+            self.seeded_buckets = 0
+
+    Zero.average_tensor, Zero.independent_gradient_partition_epilogue = seeded_average, counted_epilogue
+    try:
+        return {
+            "default": check(CONFIGS["zero2_fp32"]),
+            "small_buckets": check(CONFIGS["zero2_fp32"], small_buckets=True)
+        }
+    finally:
+        Zero.average_tensor, Zero.independent_gradient_partition_epilogue = average, epilogue
+
+
+CASES["control_bucket_bug_needs_small_buckets"] = doubles_later_buckets
+CASES["zero2_fp32_small_buckets"] = lambda: check(zero(2, gradient_clipping=0.5, **SGD), small_buckets=True)
+CASES["zero3_fp32_small_buckets"] = lambda: check(zero(3, gradient_clipping=0.5, **SGD), small_buckets=True)
 CASES["zero2_fp32_caller_divides"] = lambda: with_backward(divides_itself, CONFIGS["zero2_fp32"])
 CASES["zero1_fp32_boundary_loop"] = lambda: check(CONFIGS["zero1_fp32"], loop="boundary")
 CASES["zero3_bf16_boundary_loop"] = lambda: check(zero(3, **NO_CLIP, **SGD, **BF16), loop="boundary")

@@ -18,6 +18,7 @@ from deepspeed.runtime.constants import GRADIENT_CLIPPING_DEFAULT
 from deepspeed.utils import safe_get_full_fp32_param
 
 from .accumulation import reading as bf16_accumulation_reading
+from .buckets import with_small_buckets
 from .batches import check_batches, item_mean, model_item_loss, model_loss, rows, to
 from .data import global_batches, item_batches, item_loss_sum, item_mean_loss, loss_fn as builtin_loss, sample_loss_sum
 from .diagnosis import MATCH, Observation, describe, explain, no_known_cause
@@ -89,6 +90,7 @@ class SplitResult:
     floor_factor: float = 0.0  # the tolerance allows this many times the noise floor
     # Per step: ||update - update of that plain PyTorch run|| / ||that update|| (empty without a reference).
     floor_update_errors: list = field(default_factory=list)
+    small_buckets: str = ""  # what --small-buckets set ("" without it)
 
     @property
     def steps_matching_floor(self):
@@ -484,7 +486,8 @@ def check_gas_invariance(config,
                          loss_fn=None,
                          reference="auto",
                          progress=None,
-                         items="fixed"):
+                         items="fixed",
+                         small_buckets=False):
     """Train ``config`` under each per-rank ``(micro, gas)`` split; return one SplitResult per split.
 
     ``make_model``: a no-argument factory (default: a small MLP; with ``pipeline_stages``, a
@@ -495,7 +498,8 @@ def check_gas_invariance(config,
     With ``"loss_normalization": "per_item"`` the loss returns ``(loss_sum, num_items)`` and every split is
     compared with the fp64 mean over every item of the global batch. ``reference``: True (fp64 reference),
     False (splits compared with the first, the largest micro-batch), "auto" (False above
-    REFERENCE_LIMIT_BYTES). ``loop``: the training loop's style (see ``train_split``).
+    REFERENCE_LIMIT_BYTES). ``loop``: the training loop's style (see ``train_split``). ``small_buckets``: ZeRO's
+    bucket, prefetch and sub-group sizes scaled to the model, so that it spans several (buckets.py).
 
     Call on every rank of an initialized deepspeed.comm. Every split must cover the same per-rank
     batch (micro x gas), so that the global batch is the same.
@@ -512,6 +516,9 @@ def check_gas_invariance(config,
     dtype = config_dtype(config)
     clip = config.get("gradient_clipping", GRADIENT_CLIPPING_DEFAULT)
     workload = make_workload(config, make_model, splits, steps, pipeline_stages, data, loss_fn, items)
+    bucket_note = ""
+    if small_buckets:
+        config, bucket_note = with_small_buckets(config, _seeded(workload.make_model))
     per_item = per_item_mode(config)
     dp_world = dist.get_world_size() // (pipeline_stages or 1)
     if reference == "auto":
@@ -566,6 +573,7 @@ def check_gas_invariance(config,
             result.compared_with = f"split {splits[0][0]} x {splits[0][1]} x {dist.get_world_size()}"
             result.expected_losses, result.expected_norms = first.losses, first.norms
         result.tolerance_for_dtype = tol
+        result.small_buckets = bucket_note
         results.append(result)
     diagnose(results, config_loss_scale(config), clip)
     _, accumulation_cause = bf16_accumulation_reading(config, results)
@@ -612,6 +620,8 @@ def format_results(results, title):
                 f"{r.tolerance:.1e}, but within {r.floor_update_errors[step - 1]:.1e} of plain PyTorch in this "
                 "precision on the same device and micro-batches: the precision's rounding (Adam turns a "
                 "near-zero gradient's rounding into a full-size step), not the engine")
+    if results[0].small_buckets:
+        lines.append(results[0].small_buckets)
     compared = {r.compared_with for r in results if r.compared_with != "itself"}
     if compared != {"fp64 reference"}:
         lines.append(f"compared with: {', '.join(sorted(compared))} (no fp64 reference: the model is too large for "

@@ -132,6 +132,11 @@ def parse_args(argv=None):
                            action="store_const",
                            const=True,
                            help="always train the fp64 reference, whatever the model's size")
+    parser.add_argument(
+        "--small-buckets",
+        action="store_true",
+        help="ZeRO bucket, prefetch and optimizer sub-group sizes scaled to the model, so that a small "
+        "model spans several, as a large one does (replaces the config's own)")
     parser.add_argument("--ranks", type=int, default=1, help="ranks to launch when not under a launcher")
     parser.add_argument("--json", help="also write the results to this JSON file (rank 0)")
     parser.add_argument("--plot", metavar="FILE.png", help="draw loss, grad norm and update error per step (rank 0)")
@@ -295,7 +300,8 @@ def main(argv=None):
                                            loss_fn=loss_fn,
                                            reference=args.reference,
                                            progress=progress,
-                                           items=args.items)
+                                           items=args.items,
+                                           small_buckets=args.small_buckets)
         except ValueError as err:
             print(f"ds_gas_check: error: {err}", file=sys.stderr)
             return 2
@@ -333,6 +339,9 @@ def main(argv=None):
     finally:
         # Down before exit: communication threads still running at interpreter teardown abort the ranks
         # ("terminate called without an active exception", exit -6) after the check has printed its result.
+        # Together: a rank that tears its groups down while another is still printing or writing can abort it
+        # the same way.
+        dist.barrier()
         dist.destroy_process_group()
 
 
