@@ -130,7 +130,7 @@ def master_weights(engine):
     weights = []
     for p in engine.module.parameters():
         full = safe_get_full_fp32_param(p)
-        weights.append((p if full is None else full).detach().double().clone())
+        weights.append((p if full is None else full).detach().cpu().double().clone())
     return weights
 
 
@@ -182,7 +182,7 @@ def train(kind, params, micro, gas, stage, offload, dtype, clip):
         inputs, targets = global_batch(micro * gas * ranks, seed=4321 + step)
         x, y = rank_share(inputs, targets, rank, micro * gas)
         for batch, target in micro_batches(x, y, micro, gas, input_dtype):
-            engine.backward(mse(engine(batch), target))
+            engine.backward(mse(engine(batch.to(engine.device)), target.to(engine.device)))
             with CollectiveCounter() as counter:
                 engine.step()
         collectives.append(len(counter.calls))
