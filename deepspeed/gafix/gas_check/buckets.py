@@ -10,10 +10,6 @@ several optimizer sub-groups never runs, while on a 7B model it runs every step.
 small model spans several buckets and sub-groups on every path.
 """
 
-# The config keys set, under zero_optimization.
-KEYS = ("reduce_bucket_size", "allgather_bucket_size", "stage3_prefetch_bucket_size",
-        "stage3_param_persistence_threshold", "stage3_max_live_parameters", "stage3_max_reuse_distance",
-        "sub_group_size")
 BUCKETS_PER_MODEL = 8
 ALIGNMENT = 8
 
