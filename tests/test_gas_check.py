@@ -61,6 +61,9 @@ CASES_READ_BY = {
     "test_control_loss_times_world_is_caught_as_world_size": ["control_multiplies_by_world"],
     "test_control_constant_factor_names_no_cause": ["control_constant_factor"],
     "test_no_reference_mode_compares_splits": ["zero1_fp32_no_reference"],
+    "test_no_reference_variable_items_no_false_alarm":
+    ["zero3_fp32_variable_items_no_reference", "zero2_bf16_variable_items_no_reference"],
+    "test_control_dropped_micro_batch_fails_without_reference": ["control_drops_micro_batch_no_reference"],
     "test_user_pipeline_module_with_clipping": ["pipe2_user_transformer_clip"],
     "test_mean_mode_reports_the_bias_of_micro_batch_means": ["zero1_fp32_mean_variable_items"],
     "test_bf16_muon_is_never_failed_for_rounding": ["zero2_bf16_muon_clip"],
@@ -184,6 +187,24 @@ def test_no_reference_mode_compares_splits(launched):
     assert [r["compared_with"] for r in rows] == ["itself"] + ["split 16 x 1 x 2"] * 3
     assert all(r["passed"] for r in rows), describe(rows)
     assert all(r["update_errors"][-1] < 1e-5 for r in rows[1:])
+
+
+def test_no_reference_variable_items_no_false_alarm(launched):
+    """Without a reference, micro-batches of different item counts: a split's loss is the mean of its micro-batch
+    means by design, so each split is compared with its own micro-batches trained without accumulation (compared
+    with the first split, the correct engine failed with errors of 2e-1 and a bf16 cause it did not have)."""
+    for case in ("zero3_fp32_variable_items_no_reference", "zero2_bf16_variable_items_no_reference"):
+        rows = launched.case(case)[0]
+        assert [r["compared_with"] for r in rows] == ["itself"] + ["the same micro-batches without accumulation"] * 3
+        assert all(r["passed"] for r in rows), describe(rows)
+        assert not any(r["diagnosis"] for r in rows), describe(rows)
+
+
+def test_control_dropped_micro_batch_fails_without_reference(launched):
+    """The same check catches a micro-batch dropped under accumulation (GAS 1 is right, so it passes)."""
+    rows = launched.case("control_drops_micro_batch_no_reference")[0]
+    assert [r["verdict"] for r in rows] == ["PASS", "FAIL", "FAIL", "FAIL"], describe(rows)
+    assert all(r["update_errors"][0] > 10 * r["tolerance"] for r in rows[1:]), describe(rows)
 
 
 def test_user_pipeline_module_with_clipping(launched):

@@ -83,6 +83,26 @@ def test_hf_model_passes_with_table_plot_and_progress(tmp_path, tiny_llama, exte
             ] == [f"split {split}: step {step}/2" for split in ("4 x 1 x 2", "1 x 4 x 2") for step in (1, 2)]
 
 
+def test_hf_model_without_reference_zero3(tmp_path, tiny_llama, extensions_dir):
+    """--no-reference on padded token batches, ZeRO-3: the 1 x 4 split is compared
+    with its own micro-batches trained without accumulation, and passes (compared with the 4 x 1 split, whose
+    micro-batch token means differ by design, a correct engine used to fail)."""
+    results = tmp_path / "results.json"
+    config = write_config(tmp_path / "ds.json", zero_optimization={"stage": 3}, gradient_clipping=1.0)
+    proc = ds_gas_check([
+        "--config", config, "--hf-model",
+        str(tiny_llama), "--ranks", "2", *SPLITS, "--no-reference", "--json",
+        str(results)
+    ], extensions_dir)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = json.loads(results.read_text())
+    assert [(r["name"], r["verdict"], r["compared_with"])
+            for r in rows] == [("4 x 1 x 2", "PASS", "itself"),
+                               ("1 x 4 x 2", "PASS", "the same micro-batches without accumulation")]
+    assert 0 < rows[1]["update_errors"][0] < 1e-5
+    assert "likely cause" not in proc.stdout
+
+
 def test_own_transformer_factories_pass_with_adam(tmp_path, extensions_dir):
     """--model/--data/--loss; AdamW in fp32, whose update rounding the tolerance has to model.
 

@@ -40,12 +40,12 @@ def check(config, **kwargs):
     ]
 
 
-def with_backward(wrapper, config):
+def with_backward(wrapper, config, **kwargs):
     """Run a check while every engine.backward() goes through ``wrapper`` (a caller's own loss handling)."""
     original = DeepSpeedEngine.backward
     DeepSpeedEngine.backward = lambda engine, loss, **kw: wrapper(original, engine, loss)
     try:
-        return check(config)
+        return check(config, **kwargs)
     finally:
         DeepSpeedEngine.backward = original
 
@@ -68,6 +68,12 @@ def multiplies_by_world(original, engine, loss):
 def drops_last_micro_batch(original, engine, loss):
     # The last micro-batch of each step adds nothing (at GAS 1: the step's only one).
     return original(engine, loss * 0.0 if engine.is_gradient_accumulation_boundary() else loss)
+
+
+def drops_last_accumulated_micro_batch(original, engine, loss):
+    # Under gradient accumulation only (GAS > 1), the last micro-batch of each step adds nothing.
+    dropped = engine.gradient_accumulation_steps() > 1 and engine.is_gradient_accumulation_boundary()
+    return original(engine, loss * 0.0 if dropped else loss)
 
 
 def scales_by_0_7349(original, engine, loss):
@@ -241,6 +247,14 @@ CASES["zero2_bf16_clip_per_item_variable_items"] = lambda: check(
     zero(2, gradient_clipping=0.5, **PER_ITEM, **SGD, **BF16), items="variable")
 CASES["zero3_fp32_per_item_variable_items"] = lambda: check(zero(3, **NO_CLIP, **PER_ITEM, **SGD), items="variable")
 CASES["zero1_fp32_mean_variable_items"] = lambda: check(zero(1, **NO_CLIP, **SGD), items="variable")
+# Without a reference, on the same data: each split against its own micro-batches without accumulation (a
+# correct engine passes, no bf16 cause is named), and a micro-batch dropped under accumulation still fails.
+CASES["zero3_fp32_variable_items_no_reference"] = lambda: check(
+    zero(3, gradient_clipping=0.5, **SGD), items="variable", reference=False)
+CASES["zero2_bf16_variable_items_no_reference"] = lambda: check(
+    zero(2, gradient_clipping=0.5, **SGD, **BF16), items="variable", reference=False)
+CASES["control_drops_micro_batch_no_reference"] = lambda: with_backward(
+    drops_last_accumulated_micro_batch, zero(3, gradient_clipping=0.5, **SGD), items="variable", reference=False)
 # Without a ZeRO optimizer (patch 0023): the count's own all-reduce, divided in the engine's.
 CASES["zero0_fp32_clip_per_item_variable_items"] = lambda: check(zero(0, gradient_clipping=0.5, **PER_ITEM, **SGD),
                                                                  items="variable")

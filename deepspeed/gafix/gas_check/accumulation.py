@@ -13,6 +13,9 @@ GAS. Measured with ``ds_gas_check`` (1 CPU rank, the built-in MLP, AdamW, ZeRO-2
 import math
 
 FIX = '"data_types": {"grad_accum_dtype": "fp32"}'
+# The most bf16 accumulation was seen to move a step-1 update (Adam at GAS 16, one element's sign flipped: 6.4e-2).
+# An error several times that is a mistake of the engine, not rounding: it is not put down to accumulation.
+ROUNDING_LIMIT = 1e-1
 
 
 def accumulates_in_bf16(config):
@@ -32,9 +35,12 @@ def _change(config):
 
 
 def by_gas(results):
-    """``{gas: worst step-1 update error over the splits with that GAS}``, in GAS order."""
+    """``{gas: worst step-1 update error over the splits with that GAS}``, in GAS order (splits compared with
+    themselves left out)."""
     worst = {}
     for result in results:
+        if result.compared_with == "itself":  # without a reference, the first split's error is 0 by construction
+            continue
         error = result.update_errors[0] if result.update_errors else float("nan")
         worst[result.gas] = max(worst.get(result.gas, 0.0), error)
     return dict(sorted(worst.items()))
@@ -43,7 +49,8 @@ def by_gas(results):
 def reading(config, results):
     """``(note, cause)``: a note on the accumulation dtype when the check runs GAS > 1 in bf16 (None
     otherwise), and the cause to give failing splits when bf16 accumulation explains them: every
-    failing split accumulates (GAS > 1) and every GAS 1 split passes (None otherwise)."""
+    failing split accumulates (GAS > 1), the step-1 error grows with GAS (twice from the smallest GAS to the
+    largest) and stays within ROUNDING_LIMIT (None otherwise)."""
     if not accumulates_in_bf16(config) or max((r.gas for r in results), default=1) == 1:
         return None, None
     measured = {gas: error for gas, error in by_gas(results).items() if not math.isnan(error)}
@@ -51,11 +58,15 @@ def reading(config, results):
     # Say it grows only where it does: Adam can make every split's error the same rounding's (docs/gas_check.md).
     values = list(measured.values())
     grows = len(values) > 1 and values[-1] >= 2 * values[0]
+    growth = "" if len(values) < 2 else ", growing with GAS" if grows else ", not growing with GAS here"
     note = (f"gradients accumulate in bf16 (data_types.grad_accum_dtype unset: the model's dtype): each "
-            f"micro-batch's addition rounds the sum; step-1 update error {errors}, "
-            f"{'growing with GAS' if grows else 'not growing with GAS here'}; {_change(config)} accumulates in fp32")
+            f"micro-batch's addition rounds the sum; step-1 update error {errors}{growth}; {_change(config)} "
+            "accumulates in fp32")
     failing = [r for r in results if not r.passed]
-    if not failing or any(r.gas == 1 for r in failing):
+    # A cause only where the numbers show it: only splits that accumulate fail, the error grows with GAS as
+    # rounding once per micro-batch does, and no failing split is off by more than rounding can be.
+    if (not failing or any(r.gas == 1 for r in failing) or not grows
+            or any(max(r.update_errors, default=0.0) > ROUNDING_LIMIT for r in failing)):
         return note, None
     gas_1 = ", GAS 1 passes" if any(r.gas == 1 for r in results) else ""
     cause = (f"likely cause: bf16 gradient accumulation (each micro-batch's gradient added to a sum with 8 "

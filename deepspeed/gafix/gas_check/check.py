@@ -2,14 +2,15 @@
 
 # DeepSpeed Team
 """Run one config under several micro-batch x GAS splits and compare each with the fp64 reference
-(or, for a model too large for an fp64 copy, with the split of the largest micro-batch)."""
+(or, for a model too large for an fp64 copy on every rank, with the same micro-batches trained without
+accumulation). Each rank keeps only the weights it owns (ownership.py)."""
 
 import copy
+import gc
 import math
 from dataclasses import dataclass, field
 
 import torch
-from torch._utils import _unflatten_dense_tensors
 
 import deepspeed
 import deepspeed.comm as dist
@@ -24,8 +25,9 @@ from .data import global_batches, item_batches, item_loss_sum, item_mean_loss, l
 from .diagnosis import MATCH, Observation, describe, explain, no_known_cause
 from .models import builtin_layers, builtin_model
 from .optimizers import copy_muon_tags, tag_muon_parameters
+from .ownership import _low_to_master, check_coverage, load_full, owned_masters, spans, values
 from .progress import quiet
-from .reference import load_weights, reference_run, run_errors, update_gap
+from .reference import gap_sums, reference_run
 
 DEFAULT_SPLITS = ((16, 1), (8, 2), (4, 4), (2, 8))
 # Relative errors allowed, by the dtype gradients are computed in. fp32: only the summation order
@@ -45,8 +47,10 @@ FLOOR_FACTOR = {"fp32": 10, "bf16": 3, "fp16": 3}
 MAX_TOLERANCE = 5e-2
 FLOOR_DTYPE = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 SEED = 1234
-# The fp64 reference holds weights, gradients and two optimizer states in fp64 (and a weight copy per
-# step): above this many bytes the splits are compared with each other instead.
+# The fp64 reference holds the whole model on every rank: weights, gradients and up to two optimizer states in fp64,
+# and an fp32 copy of the initial model while the engine trains (the weights it keeps per step are the rank's own
+# elements only). Above REFERENCE_LIMIT_BYTES of that, the check runs without it ("auto").
+REFERENCE_BYTES_PER_PARAMETER = 4 * 8 + 4
 REFERENCE_LIMIT_BYTES = 2 * 2**30
 
 
@@ -140,16 +144,21 @@ class Workload:
     batches: list
     loss_fn: object = None
     pipeline_stages: int = 0
+    # Every micro-batch holds the same number of items whatever the split (the built-in data): the splits'
+    # expected updates are the same without a reference.
+    uniform_items: bool = False
 
 
 @dataclass
 class SplitRun:
     norms: list
     losses: list
-    weights: list  # this rank's weights, before the first step and after each
-    initial: dict  # every parameter's initial weight (all stages), for the reference
+    weights: list  # {name: this rank's owned elements (ownership.py)}, before the first step and after each
+    initial: dict  # {name: (start, tensor)}: the owned elements before the first step, for the reference
     reference_model: object  # an fp32 copy of the model for the reference, or None
     reference_loss: object
+    spans: dict  # {name: (start, stop)}: which elements of each flattened parameter this rank owns
+    step_sums: list = field(default_factory=list)  # per step, _update_sums against the run it was trained against
 
 
 def config_dtype(config):
@@ -180,16 +189,9 @@ def split_config(config, micro, gas):
 
 
 def master_weights(engine, dtype=torch.float64):
-    """fp32 master weights as ``dtype`` on the host, by parameter name (ZeRO partitions gathered: a collective)."""
-    # fp16 without ZeRO keeps fp32 copies beside the fp16 parameters: FP16_UnfusedOptimizer one per
-    # parameter, FP16_Optimizer (fused optimizers) one flat buffer per group. The fp16 parameters
-    # would round an update of lr 1e-3 to a few ulps.
-    optimizer = engine.optimizer
-    masters = {}
-    for low, high in zip(getattr(optimizer, "fp16_groups", []), getattr(optimizer, "fp32_groups", [])):
-        masters.update({id(p): q for p, q in zip(low, high)})
-    for low, flat in zip(getattr(optimizer, "fp16_groups", []), getattr(optimizer, "fp32_groups_flat", [])):
-        masters.update({id(p): q for p, q in zip(low, _unflatten_dense_tensors(flat, low))})
+    """Every fp32 master weight, whole, as ``dtype`` on the host, by parameter name (ZeRO partitions gathered: a
+    collective per parameter). The check itself keeps only what each rank owns (ownership.py)."""
+    masters = _low_to_master(engine.optimizer)
     weights = {}
     for name, param in engine.module.named_parameters():
         full = safe_get_full_fp32_param(param)
@@ -236,36 +238,40 @@ def _pipeline_reference(module):
     return LayerChain(module._layer_specs), loss_fn
 
 
-def _gather_weights(weights):
-    """Every rank's weights, merged (pipeline stages hold different layers)."""
-    parts = [None] * dist.get_world_size()
-    dist.all_gather_object(parts, weights)
-    merged = {}
-    for part in parts:
-        merged.update(part)
-    return merged
+def _grouped_loss(loss_fn, micro, groups):
+    """A pipeline's loss on ``groups`` x ``micro`` samples: the mean of its loss on each ``micro`` of them."""
+
+    def part(value, k):
+        if torch.is_tensor(value):
+            return value[k * micro:(k + 1) * micro]
+        return type(value)(part(v, k) for v in value)
+
+    def loss(outputs, labels):
+        return sum(loss_fn(part(outputs, k), part(labels, k)) for k in range(groups)) / groups
+
+    return loss
 
 
-def _parameter_count(model, pipeline):
-    count = sum(p.numel() for p in model.parameters())
-    if pipeline:
-        counts = _all_reduce([float(count)])  # stages hold different layers; every data-parallel replica counts
-        return int(counts[0] * pipeline / dist.get_world_size())
-    return count
-
-
-def train_split(config, workload, micro, gas, loop, with_reference, progress, index):
-    """Train with one split; return what it reported and the weights before/after each step.
+def train_split(config, workload, micro, gas, loop, with_reference, progress, index, grouped=False, against=None):
+    """Train with one split; return what it reported and this rank's owned weights before/after each step.
 
     ``loop``: "step_every_micro_batch" calls engine.backward() and engine.step() on every micro-batch
     (DeepSpeed's documented loop); "boundary" sets engine.set_gradient_accumulation_boundary() before
     each backward and calls step() once per global batch, as Hugging Face accelerate does; "step_once"
     calls backward() on every micro-batch and step() once, for ``managed_gradient_accumulation: false``.
+    ``grouped``: what the split must give, without accumulation: one micro-batch of ``micro x gas`` samples per
+    rank and step, whose loss is the mean of the losses of the split's ``gas`` micro-batches (the engine's
+    contract under GAS, whatever the items per micro-batch).
+    ``against``: the weights of the run this one is compared with (same spans): each step is compared as it is
+    trained (``SplitRun.step_sums``) and no weights are kept, only the initial ones when they differ from its;
+    "itself": the same with its own weights (a run that is its own comparison keeps only its initial weights).
     """
     stages = workload.pipeline_stages
+    engine_micro, engine_gas = (micro * gas, 1) if grouped else (micro, gas)
     model = _seeded(workload.make_model)
     if config["optimizer"].get("type", "").lower() == "muon":
         tag_muon_parameters(model)
+    trainable = float(sum(p.numel() for p in model.parameters() if p.requires_grad))
     if stages:
         reference_model, reference_loss = _pipeline_reference(model) if with_reference else (None, None)
     else:
@@ -274,10 +280,15 @@ def train_split(config, workload, micro, gas, loop, with_reference, progress, in
         if reference_model is not None:
             copy_muon_tags(model, reference_model)
         reference_loss = workload.loss_fn
-    engine, *_ = deepspeed.initialize(model=model,
-                                      model_parameters=[p for p in model.parameters() if p.requires_grad],
-                                      config=split_config(config, micro, gas))
+    groups = gas if grouped else 1
+    if grouped and stages:
+        model.loss_fn = _grouped_loss(model.loss_fn, micro, groups)
+    # The engine only: the optimizer and the rest it returns would outlive it in this frame.
+    engine = deepspeed.initialize(model=model,
+                                  model_parameters=[p for p in model.parameters() if p.requires_grad],
+                                  config=split_config(config, engine_micro, engine_gas))[0]
     dp_rank = engine.grid.get_data_parallel_id() if stages else dist.get_rank()
+    dp_world = dist.get_world_size() // (stages or 1)
     # gradient_allreduce_op "sum" adds the ranks' gradients: its callers normalize their loss over
     # the global batch, so the per-rank mean is divided by the number of data-parallel ranks (per_item
     # mode divides by the global item count itself).
@@ -287,19 +298,26 @@ def train_split(config, workload, micro, gas, loop, with_reference, progress, in
     dtype = next(engine.module.parameters()).dtype
     device = get_accelerator().current_device_name()
     per_rank = micro * gas
-    weight_dtype = torch.float64 if with_reference else torch.float32
-    norms, losses, weights = [], [], [master_weights(engine, weight_dtype)]
-    initial = _gather_weights(weights[0]) if stages and with_reference else weights[0]
-    what = f"split {micro} x {gas} x {dist.get_world_size()}"
+    initial = owned_masters(engine, dp_rank, dp_world)
+    owned_spans = spans(initial)
+    # Each stage's layers are counted once per data-parallel rank of it.
+    check_coverage(owned_spans, _all_reduce([trainable])[0] / dp_world)
+    norms, losses, weights, step_sums = [], [], [values(initial)], []
+    if against is not None and against != "itself":
+        if _all_equal(weights[0], against[0]):
+            weights = [against[0]]  # the same seed and config start from the same weights: one copy of them
+    what = f"split {micro} x {gas} x {dist.get_world_size()}" + (" without accumulation" if grouped else "")
     for step, batch in enumerate(workload.batches):
         local = rows(batch, dp_rank * per_rank, (dp_rank + 1) * per_rank)
-        micro_batches = [to(rows(local, i * micro, (i + 1) * micro), device, dtype) for i in range(gas)]
+        micro_batches = [
+            to(rows(local, i * engine_micro, (i + 1) * engine_micro), device, dtype) for i in range(engine_gas)
+        ]
         if stages:
             losses.append(float(engine.train_batch(data_iter=iter(micro_batches))))
         else:
             total, items = 0.0, 0.0
             for i, micro_batch in enumerate(micro_batches):
-                last = i == gas - 1
+                last = i == engine_gas - 1
                 if loop == "boundary":
                     engine.set_gradient_accumulation_boundary(last)
                 if per_item:
@@ -307,38 +325,80 @@ def train_split(config, workload, micro, gas, loop, with_reference, progress, in
                     engine.backward(loss, num_items=count)
                     items += count.item()
                 else:
-                    loss = model_loss(engine, micro_batch, workload.loss_fn)
+                    # grouped: the mean of the split's micro-batch losses, one forward each, one backward
+                    parts = [
+                        model_loss(engine, rows(micro_batch, k * micro, (k + 1) * micro), workload.loss_fn)
+                        for k in range(groups)
+                    ] if grouped else [model_loss(engine, micro_batch, workload.loss_fn)]
+                    loss = sum(parts) / len(parts)
                     engine.backward(loss / loss_divisor)
                 total += loss.item()
                 if loop == "step_every_micro_batch" or last:
                     engine.step()
-            losses.append(total / gas)
+            losses.append(total / engine_gas)
             item_sums.append(total)
             item_counts.append(items)
         norm = engine.get_global_grad_norm()
         norms.append(float("nan") if norm is None else float(norm))
-        weights.append(master_weights(engine, weight_dtype))
+        current = values(owned_masters(engine, dp_rank, dp_world))
+        if against is None:
+            weights.append(current)
+        elif against == "itself":
+            step_sums.append(_update_sums(current, weights[0], current, weights[0]))
+        else:
+            step_sums.append(_update_sums(current, weights[0], against[step + 1], against[0]))
+        del current
         progress.step(index, what, step + 1, len(workload.batches))
     engine.destroy()
+    del engine, model
+    gc.collect()  # the engine's partitions and buffers, before the next split builds its own
+    get_accelerator().empty_cache()
     if not stages and per_item:  # the sum of every rank's item losses over the global item count
         totals = _all_reduce(item_sums + item_counts)
         losses = [total / max(count, 1.0) for total, count in zip(totals[:len(losses)], totals[len(losses):])]
     elif not stages:  # the pipeline engine's loss is already the mean over its data-parallel ranks
         losses = [value / dist.get_world_size() for value in _all_reduce(losses)]
-    return SplitRun(norms, losses, weights, initial, reference_model, reference_loss)
+    return SplitRun(norms, losses, weights, initial, reference_model, reference_loss, owned_spans, step_sums)
 
 
-def _update_sums(weights, expected, step):
-    """<obs, exp>, <exp, exp>, |obs - exp|^2, <obs, obs> of the update after ``step`` steps, this rank's tensors."""
+def _trainable_count(workload):
+    """The model's trainable parameters (all pipeline stages), built on the meta device where the factory allows."""
+    try:
+        with torch.device("meta"):
+            model = _seeded(workload.make_model)
+    except Exception:  # a factory that reads weights from disk, or a layer that needs data: build it for real
+        model = _seeded(workload.make_model)
+    count = float(sum(p.numel() for p in model.parameters() if p.requires_grad))
+    del model
+    if workload.pipeline_stages:  # stages hold different layers; each data-parallel rank of a stage counts them
+        return _all_reduce([count])[0] / (dist.get_world_size() // workload.pipeline_stages)
+    return count
+
+
+def _gaps(run, other, steps):
+    """Per step: ||update of run - update of other|| / ||update of other||, over every rank (one collective)."""
+    sums = _all_reduce([value for step in range(1, steps + 1) for value in gap_sums(run, other, step)])
+    return [math.sqrt(sums[2 * s] / sums[2 * s + 1]) if sums[2 * s + 1] else 0.0 for s in range(steps)]
+
+
+def _update_sums(final, start, expected_final, expected_start):
+    """<obs, exp>, <exp, exp>, |obs - exp|^2, <obs, obs> of the update (final - start) against the expected one,
+    over this rank's tensors."""
     dot = exp_sq = diff_sq = obs_sq = 0.0
-    for name, final in weights[step].items():
-        observed = (final - weights[0][name]).double()
-        wanted = (expected[step][name] - expected[0][name]).double()
+    for name, value in final.items():
+        observed = (value - start[name]).double()
+        wanted = (expected_final[name] - expected_start[name]).double()
         dot += (observed * wanted).sum().item()
         exp_sq += (wanted * wanted).sum().item()
         diff_sq += ((observed - wanted)**2).sum().item()
         obs_sq += (observed * observed).sum().item()
     return dot, exp_sq, diff_sq, obs_sq
+
+
+def _all_equal(ours, theirs):
+    """Whether two runs' owned weights are identical on every rank (one collective)."""
+    same = ours.keys() == theirs.keys() and all(torch.equal(ours[name], theirs[name]) for name in ours)
+    return _all_reduce([0.0 if same else 1.0])[0] == 0.0
 
 
 def _all_reduce(values, op=dist.ReduceOp.SUM):
@@ -348,17 +408,23 @@ def _all_reduce(values, op=dist.ReduceOp.SUM):
 
 
 def _step_sums(run, weights, steps):
-    """This rank's _update_sums of every step, and the same summed over every rank (one collective).
+    """This rank's _update_sums of every step, and the same summed over every rank (one collective). ``weights``
+    None: the sums ``run`` took as it trained (``train_split``'s ``against``).
 
-    Every distinct tensor is held by the same number of ranks (all of them, or one stage's data-parallel
-    group), so sums over all ranks give the same ratios as sums over distinct tensors."""
-    local = [_update_sums(run.weights, weights, step) for step in range(1, steps + 1)]
+    Every element is owned by one rank (ownership.py), so sums over all ranks are sums over the model."""
+    local = run.step_sums if weights is None else [
+        _update_sums(run.weights[step], run.weights[0], weights[step], weights[0]) for step in range(1, steps + 1)
+    ]
     return local, _all_reduce([s for step_sums in local for s in step_sums])
 
 
 def _relative_errors(sums, steps):
-    """Per step: ||update of run - update of weights|| / ||update of weights||, from _step_sums' totals."""
-    return [math.sqrt(sums[4 * s + 2] / sums[4 * s + 1]) if sums[4 * s + 1] else 0.0 for s in range(steps)]
+    """Per step: ||update of run - update of weights|| / ||update of weights||, from _step_sums' totals (where
+    nothing was to move, any move is infinitely wrong: a zero expected update must not pass a moved one)."""
+    return [
+        math.sqrt(sums[4 * s + 2] / sums[4 * s + 1]) if sums[4 * s + 1] else (math.inf if sums[4 * s + 2] else 0.0)
+        for s in range(steps)
+    ]
 
 
 def compare_split(micro, gas, run, expected_norms, expected_weights, tol, floor_weights=None):
@@ -473,7 +539,7 @@ def make_workload(config, make_model, splits, steps, pipeline_stages, data, loss
                 layers=builtin_layers(), num_stages=pipeline_stages, loss_fn=loss_fn)
         if any(isinstance(batch, dict) for batch in batches):
             raise ValueError("the pipeline engine takes (inputs, labels) tuples, not dict batches")
-    return Workload(make_model or builtin_model, batches, loss_fn, pipeline_stages)
+    return Workload(make_model or builtin_model, batches, loss_fn, pipeline_stages, data is None and items == "fixed")
 
 
 def check_gas_invariance(config,
@@ -497,7 +563,8 @@ def check_gas_invariance(config,
     sample is an item) or "variable" (built-in samples of 0-12 labelled positions, see make_workload).
     With ``"loss_normalization": "per_item"`` the loss returns ``(loss_sum, num_items)`` and every split is
     compared with the fp64 mean over every item of the global batch. ``reference``: True (fp64 reference),
-    False (splits compared with the first, the largest micro-batch), "auto" (False above
+    False (each split compared with its own micro-batches trained without accumulation; with the built-in data or
+    per_item losses, with the first split), "auto" (False when REFERENCE_BYTES_PER_PARAMETER per parameter exceed
     REFERENCE_LIMIT_BYTES). ``loop``: the training loop's style (see ``train_split``). ``small_buckets``: ZeRO's
     bucket, prefetch and sub-group sizes scaled to the model, so that it spans several (buckets.py).
 
@@ -522,29 +589,78 @@ def check_gas_invariance(config,
     per_item = per_item_mode(config)
     dp_world = dist.get_world_size() // (pipeline_stages or 1)
     if reference == "auto":
-        count = _parameter_count(_seeded(workload.make_model), pipeline_stages)
-        reference = count * 8 * (4 + len(workload.batches) + 1) <= REFERENCE_LIMIT_BYTES
+        reference = _trainable_count(workload) * REFERENCE_BYTES_PER_PARAMETER <= REFERENCE_LIMIT_BYTES
+    # Without a reference, a split is compared with what it must give: the same micro-batches' mean loss without
+    # accumulation. Where every micro-batch holds the same items (the built-in data) that is the first split, and
+    # per_item losses must not depend on the split at all; otherwise (padded tokens: the loss is each
+    # micro-batch's own mean) the split changes the loss by design, and each split gets its own run without GAS.
+    grouped = not reference and not per_item and not workload.uniform_items
 
     results, first, global_reference = [], None, None
     for index, (micro, gas) in enumerate(splits):
-        run = train_split(config, workload, micro, gas, loop, reference, progress, index)
         tol = tolerance(dtype, gas)
-        if reference:
+        if not reference and (first is not None or (grouped and gas > 1)):
+            # The run it is compared with first, then this split compared step by step as it trains: only one
+            # run's weights are kept. Both sides carry their own rounding: the allowance is the sum of theirs.
+            if grouped:
+                expected = train_split(config, workload, micro, gas, loop, False, progress, index, grouped=True)
+                tol += tolerance(dtype, 1)
+                compared_with = "the same micro-batches without accumulation"
+            else:
+                expected = first
+                tol += tolerance(dtype, splits[0][1])
+                compared_with = f"split {splits[0][0]} x {splits[0][1]} x {dist.get_world_size()}"
+            run = train_split(config, workload, micro, gas, loop, False, progress, index, against=expected.weights)
+            result = compare_split(micro, gas, run, expected.norms, None, tol)
+            result.compared_with = compared_with
+            result.expected_losses, result.expected_norms = expected.losses, expected.norms
+        elif reference:
+            run = train_split(config, workload, micro, gas, loop, True, progress, index)
             source = f"--model ({type(run.reference_model).__name__})"
-            model = run.reference_model.double()
-            load_weights(model, run.initial, source)
-            floor_model = copy.deepcopy(model)
-            copy_muon_tags(model, floor_model)
+            model = run.reference_model
+
+            def from_initial():
+                """The reference model in fp64 at the engine's initial weights (one model for every run: the
+                previous run's gradients are dropped, and a low-precision run leaves it in fp32)."""
+                model.zero_grad(set_to_none=True)
+                load_full(model.double(), run.initial, source)
+                return model
+
             # per_item: the mean over every item of the global batch (the whole batch as one micro-batch);
             # mean mode: the mean of the split's micro-batch means, DeepSpeed's contract.
             parts, reference_loss = (1, item_mean(run.reference_loss)) if per_item else (gas * dp_world,
                                                                                          run.reference_loss)
-            expected = reference_run(model, workload.batches, parts, config["optimizer"], clip, reference_loss)
+            expected = reference_run(from_initial(),
+                                     workload.batches,
+                                     parts,
+                                     config["optimizer"],
+                                     clip,
+                                     reference_loss,
+                                     owned_spans=run.spans)
+            if per_item:
+                global_reference = expected  # the gap of mean mode does not apply
+            if global_reference is None:
+                global_reference = reference_run(from_initial(),
+                                                 workload.batches,
+                                                 1,
+                                                 config["optimizer"],
+                                                 clip,
+                                                 run.reference_loss,
+                                                 owned_spans=run.spans)
             # What rounding alone does to this model: plain PyTorch, same micro-batches, the engine's precision.
-            floor = reference_run(floor_model, workload.batches, parts, config["optimizer"], clip, reference_loss,
+            floor = reference_run(from_initial(),
+                                  workload.batches,
+                                  parts,
+                                  config["optimizer"],
+                                  clip,
+                                  reference_loss,
                                   FLOOR_DTYPE[dtype],
-                                  get_accelerator().current_device_name(), config_loss_scale(config))
-            noise_floor = max(max(errors) for errors in run_errors(floor, expected))
+                                  get_accelerator().current_device_name(),
+                                  config_loss_scale(config),
+                                  owned_spans=run.spans)
+            del model
+            floor_norm_errors = [abs(n - r) / (r or 1.0) for n, r in zip(floor.norms, expected.norms)]
+            noise_floor = max(floor_norm_errors + _gaps(floor, expected, len(expected.norms)))
             result = compare_split(micro,
                                    gas,
                                    run,
@@ -554,27 +670,27 @@ def check_gas_invariance(config,
                                    floor_weights=floor.weights if dtype != "fp32" else None)
             result.noise_floor, result.floor_factor = noise_floor, FLOOR_FACTOR[dtype]
             result.expected_losses, result.expected_norms = expected.losses, expected.norms
-            if per_item:
-                global_reference = expected  # the gap of mean mode does not apply
-            if global_reference is None:
-                load_weights(model, run.initial, source)
-                global_reference = reference_run(model, workload.batches, 1, config["optimizer"], clip,
-                                                 run.reference_loss)
-            result.loss_normalization_gap = float("nan") if per_item else update_gap(expected, global_reference)
-        elif first is None:
-            first = run
-            result = compare_split(micro, gas, run, run.norms, run.weights, tol)
+            result.loss_normalization_gap = float("nan") if per_item else _gaps(expected, global_reference, 1)[0]
+        else:  # the first split, without a reference: compared with itself
+            # Its weights are kept only where the splits after it are compared with it.
+            run = train_split(config,
+                              workload,
+                              micro,
+                              gas,
+                              loop,
+                              False,
+                              progress,
+                              index,
+                              against="itself" if grouped else None)
+            first = None if grouped else run
+            result = compare_split(micro, gas, run, run.norms, None if grouped else run.weights, tol)
             result.compared_with = "itself"
             result.expected_losses, result.expected_norms = run.losses, run.norms
-        else:
-            # Both sides carry their own rounding: the allowance is the sum of theirs.
-            tol += tolerance(dtype, splits[0][1])
-            result = compare_split(micro, gas, run, first.norms, first.weights, tol)
-            result.compared_with = f"split {splits[0][0]} x {splits[0][1]} x {dist.get_world_size()}"
-            result.expected_losses, result.expected_norms = first.losses, first.norms
         result.tolerance_for_dtype = tol
         result.small_buckets = bucket_note
         results.append(result)
+        run = expected = floor = None  # this split's weights, before the next split trains
+        gc.collect()
     diagnose(results, config_loss_scale(config), clip)
     _, accumulation_cause = bf16_accumulation_reading(config, results)
     for result in results:
@@ -625,7 +741,8 @@ def format_results(results, title):
     compared = {r.compared_with for r in results if r.compared_with != "itself"}
     if compared != {"fp64 reference"}:
         lines.append(f"compared with: {', '.join(sorted(compared))} (no fp64 reference: the model is too large for "
-                     "one, or --no-reference)")
+                     "one on every rank, or --no-reference; errors the same at every split are not seen this way: "
+                     "docs/gas_check.md)")
     for r in results:
         lines += [f"  {r.name}: {line}" for line in r.diagnosis]
     gaps = [r for r in results if r.loss_normalization_gap > r.tolerance]

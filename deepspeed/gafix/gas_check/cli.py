@@ -17,8 +17,8 @@ Your own model and data: --model pkg.mod:make_model (any nn.Module; a PipelineMo
 tensors, one per step; it may take the keywords steps and global_batch_size), --loss pkg.mod:loss_fn
 (loss_fn(outputs, labels); without it the model returns the loss, as Hugging Face models do).
 --hf-model DIR: a local Hugging Face causal LM (config, with or without weights) on synthetic token
-batches of variable lengths. Models too large for an fp64 copy (or --no-reference) are checked by
-comparing the splits with the first one.
+batches of variable lengths. Models too large for an fp64 copy on every rank (or --no-reference) are
+checked by comparing each split with the same micro-batches trained without accumulation.
 """
 
 import argparse
@@ -125,8 +125,9 @@ def parse_args(argv=None):
                            action="store_const",
                            const=False,
                            default="auto",
-                           help="compare the splits with the first one instead of an fp64 reference (default: only "
-                           "when the model is too large for an fp64 copy)")
+                           help="compare each split with the same micro-batches trained without accumulation "
+                           "instead of an fp64 reference (default: only when the model is too large for an fp64 copy "
+                           "on every rank, about 60M parameters)")
     reference.add_argument("--reference",
                            dest="reference",
                            action="store_const",

@@ -18,13 +18,15 @@ import torch
 
 from .batches import batch_size, model_loss, rows, to
 from .optimizers import Lion, MuonWithAdamW
+from .ownership import slices
 
 
 @dataclass
 class ReferenceRun:
     norms: list = field(default_factory=list)  # the global grad norm of each step (before clipping)
     losses: list = field(default_factory=list)  # the mean micro-batch loss of each step
-    weights: list = field(default_factory=list)  # {name: fp64 tensor} before the first step and after each
+    # {name: the elements this rank owns (ownership.py), or the whole tensor} before the first step and after each
+    weights: list = field(default_factory=list)
 
 
 def reference_optimizer(params, optimizer_config):
@@ -60,23 +62,11 @@ def global_norm(parameters):
     return torch.linalg.vector_norm(torch.stack(grads)) if grads else torch.tensor(0.0, dtype=torch.float64)
 
 
-def named_weights(model):
-    return {name: p.detach().clone() for name, p in model.named_parameters()}
-
-
-def load_weights(model, weights, source):
-    """Set ``model``'s parameters (already fp64) to ``weights`` by name; every parameter must be there."""
-    params = dict(model.named_parameters())
-    missing = sorted(set(params) - set(weights))
-    if missing:
-        raise ValueError(f"{source}: the engine has no parameter named {missing[:3]}: the reference model must have "
-                         "the engine's parameter names")
-    with torch.no_grad():
-        for name, param in params.items():
-            if weights[name].shape != param.shape:
-                raise ValueError(f"{source}: parameter {name} has shape {tuple(weights[name].shape)} in the engine, "
-                                 f"{tuple(param.shape)} in the reference model")
-            param.copy_(weights[name])
+def named_weights(model, owned_spans=None):
+    """Every parameter, whole; or, with ``owned_spans`` ``{name: (start, stop)}``, the elements this rank owns."""
+    if owned_spans is None:
+        return {name: p.detach().clone() for name, p in model.named_parameters()}
+    return slices(dict(model.named_parameters()), owned_spans)
 
 
 def reference_run(model,
@@ -87,7 +77,8 @@ def reference_run(model,
                   loss_fn=None,
                   dtype=torch.float64,
                   device="cpu",
-                  loss_scale=None):
+                  loss_scale=None,
+                  owned_spans=None):
     """Train ``model`` on ``batches``, each split in ``micro_batches`` equal parts whose gradients are
     averaged, as the engine does over GAS x data-parallel ranks (1: the global batch at once).
 
@@ -98,7 +89,8 @@ def reference_run(model,
     reported by the check instead). fp16: on the loss times ``loss_scale``, the micro-batches' gradients
     summed in fp16 as a ``.half()`` model sums them (and every fp16 path of DeepSpeed: nothing configures
     it otherwise), then unscaled. A run in the engine's own precision shows how far rounding alone moves
-    this model from the fp64 reference.
+    this model from the fp64 reference. ``owned_spans``: keep only this rank's elements of each step's weights
+    (the run itself needs the whole model).
     """
     low_precision = dtype in (torch.bfloat16, torch.float16)
     master = model.to(torch.float32 if low_precision else dtype)
@@ -107,7 +99,7 @@ def reference_run(model,
     params = [p for p in master.parameters() if p.requires_grad]
     work_params = [p for p in work.parameters() if p.requires_grad]
     optimizer = reference_optimizer(params, optimizer_config)
-    run = ReferenceRun(weights=[named_weights(master)])
+    run = ReferenceRun(weights=[named_weights(master, owned_spans)])
     scale = float(loss_scale or 1.0) if dtype == torch.float16 else 1.0
     for batch in batches:
         batch = to(batch, device if low_precision else "cpu", dtype)
@@ -146,25 +138,17 @@ def reference_run(model,
                     w.copy_(p)
         run.norms.append(norm)
         run.losses.append(total / micro_batches)
-        run.weights.append(named_weights(master))
+        run.weights.append(named_weights(master, owned_spans))
     return run
 
 
-def run_errors(run, reference):
-    """Per step: (norm error, update error) of ``run`` against ``reference``, relative."""
-    errors = []
-    for step in range(1, len(reference.weights)):
-        norm = abs(run.norms[step - 1] - reference.norms[step - 1]) / (reference.norms[step - 1] or 1.0)
-        errors.append((norm, update_gap(run, reference, step)))
-    return errors
-
-
-def update_gap(run, other, step=1):
-    """||update_run - update_other|| / ||update_other|| after ``step`` steps."""
+def gap_sums(run, other, step=1):
+    """``(||update_run - update_other||^2, ||update_other||^2)`` after ``step`` steps, over the tensors (or owned
+    elements) this rank holds: summed over every rank, their ratio's root is the relative gap."""
     diff_sq = ref_sq = 0.0
     for name, start in other.weights[0].items():
         expected = (other.weights[step][name] - start).double()
         observed = (run.weights[step][name] - run.weights[0][name]).double()
         diff_sq += ((observed - expected)**2).sum().item()
         ref_sq += (expected * expected).sum().item()
-    return (diff_sq / ref_sq)**0.5 if ref_sq else 0.0
+    return diff_sq, ref_sq
