@@ -31,6 +31,7 @@ import argparse
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import tempfile
@@ -156,9 +157,19 @@ def measured(command, ranks, env, log):
     }
 
 
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def launcher(ranks, script_args):
-    return [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus",
-            str(ranks), "--no_local_rank"] + script_args
+    # A port of its own: another launch on the machine (a test run) may hold the default one.
+    return [
+        sys.executable, "-m", "deepspeed.launcher.runner", "--master_port",
+        str(free_port()), "--num_gpus",
+        str(ranks), "--no_local_rank"
+    ] + script_args
 
 
 def run_case(args, size, mode, work):
@@ -317,7 +328,7 @@ def main():
     work = Path(args.work or tempfile.mkdtemp(prefix="gas-check-memory-"))
     work.mkdir(parents=True, exist_ok=True)
     for size in args.sizes.split(","):
-        for mode in ["training"] + args.modes.split(","):
+        for mode in ["training"] + [m for m in args.modes.split(",") if m]:
             result = run_case(args, size, mode, work)
             print(json.dumps(result), flush=True)
             with open(args.out, "a") as out:
