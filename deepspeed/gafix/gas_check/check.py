@@ -27,7 +27,7 @@ from .models import builtin_layers, builtin_model
 from .optimizers import copy_muon_tags, tag_muon_parameters
 from .ownership import _low_to_master, check_coverage, load_full, owned_masters, spans, values
 from .progress import quiet
-from .reference import gap_sums, reference_run
+from .reference import reference_run
 
 DEFAULT_SPLITS = ((16, 1), (8, 2), (4, 4), (2, 8))
 # Relative errors allowed, by the dtype gradients are computed in. fp32: only the summation order
@@ -271,7 +271,7 @@ def train_split(config, workload, micro, gas, loop, with_reference, progress, in
     model = _seeded(workload.make_model)
     if config["optimizer"].get("type", "").lower() == "muon":
         tag_muon_parameters(model)
-    trainable = float(sum(p.numel() for p in model.parameters() if p.requires_grad))
+    trainable = _trainable(model, stages)
     if stages:
         reference_model, reference_loss = _pipeline_reference(model) if with_reference else (None, None)
     else:
@@ -300,8 +300,7 @@ def train_split(config, workload, micro, gas, loop, with_reference, progress, in
     per_rank = micro * gas
     initial = owned_masters(engine, dp_rank, dp_world)
     owned_spans = spans(initial)
-    # Each stage's layers are counted once per data-parallel rank of it.
-    check_coverage(owned_spans, _all_reduce([trainable])[0] / dp_world)
+    check_coverage(owned_spans, trainable)
     norms, losses, weights, step_sums = [], [], [values(initial)], []
     if against is not None and against != "itself":
         if _all_equal(weights[0], against[0]):
@@ -368,17 +367,21 @@ def _trainable_count(workload):
             model = _seeded(workload.make_model)
     except Exception:  # a factory that reads weights from disk, or a layer that needs data: build it for real
         model = _seeded(workload.make_model)
+    return _trainable(model, workload.pipeline_stages)
+
+
+def _trainable(model, stages):
+    """Trainable parameters of the whole model: a pipeline stage's module holds its own layers only, and each of
+    the stage's data-parallel ranks counts them (a collective with ``stages``)."""
     count = float(sum(p.numel() for p in model.parameters() if p.requires_grad))
-    del model
-    if workload.pipeline_stages:  # stages hold different layers; each data-parallel rank of a stage counts them
-        return _all_reduce([count])[0] / (dist.get_world_size() // workload.pipeline_stages)
+    if stages:
+        return _all_reduce([count])[0] / (dist.get_world_size() // stages)
     return count
 
 
 def _gaps(run, other, steps):
     """Per step: ||update of run - update of other|| / ||update of other||, over every rank (one collective)."""
-    sums = _all_reduce([value for step in range(1, steps + 1) for value in gap_sums(run, other, step)])
-    return [math.sqrt(sums[2 * s] / sums[2 * s + 1]) if sums[2 * s + 1] else 0.0 for s in range(steps)]
+    return _relative_errors(_step_sums(run, other.weights, steps)[1], steps)
 
 
 def _update_sums(final, start, expected_final, expected_start):

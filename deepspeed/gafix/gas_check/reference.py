@@ -140,15 +140,3 @@ def reference_run(model,
         run.losses.append(total / micro_batches)
         run.weights.append(named_weights(master, owned_spans))
     return run
-
-
-def gap_sums(run, other, step=1):
-    """``(||update_run - update_other||^2, ||update_other||^2)`` after ``step`` steps, over the tensors (or owned
-    elements) this rank holds: summed over every rank, their ratio's root is the relative gap."""
-    diff_sq = ref_sq = 0.0
-    for name, start in other.weights[0].items():
-        expected = (other.weights[step][name] - start).double()
-        observed = (run.weights[step][name] - run.weights[0][name]).double()
-        diff_sq += ((observed - expected)**2).sum().item()
-        ref_sq += (expected * expected).sum().item()
-    return diff_sq, ref_sq
