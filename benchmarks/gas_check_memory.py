@@ -23,8 +23,8 @@ ratio, both per parameter, and the check's wall time in training steps.
     python benchmarks/gas_check_memory.py --sizes 1b --modes no-reference --zero 3 --offload --steps 2
     python benchmarks/gas_check_memory.py --table gas_check_memory.json       # the markdown table
 
-On a GPU machine the same command measures host memory; ``--device-memory`` is not read (see docs/gas_check.md).
-Not a test: figures go to docs/gas_check/memory.md.
+On a GPU machine the same command measures host memory; ``--device-memory`` is not read (see docs/guides/gas_check.md).
+Not a test: figures go to docs/evidence/gas_check.md.
 """
 
 import argparse

@@ -91,7 +91,7 @@ def main():
         per_item = fork["rows"].get(f"{case}_per_item")
         line = f"| {case} | {collectives(row)} | {cell(row, 'host_reads_in_boundary_step')} | " + (
             f"{collectives(per_item)}, {cell(per_item, 'host_reads_in_boundary_step')}"
-            if per_item else "refused (docs/per_item_loss.md)") + " |"
+            if per_item else "refused (docs/guides/per_item_loss.md)") + " |"
         if upstream:
             up = upstream["rows"][case]
             line += f" {collectives(up)} | {cell(up, 'host_reads_in_boundary_step')} |"

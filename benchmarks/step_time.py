@@ -19,7 +19,7 @@ check, the fork's single-collective one).
     python benchmarks/step_time.py ... --ranks 1 --model gpt2-125m --configs z1_bf16_gas1 ...  # a GPU
 
 Runs on the CPU accelerator (gloo, one thread per rank) or a GPU, whatever the installs detect.
-Not a test: figures go to docs/performance.md.
+Not a test: figures go to docs/evidence/performance.md.
 """
 
 import argparse

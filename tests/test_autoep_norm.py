@@ -14,7 +14,7 @@ corrected only the first micro-batch of a step under folding (norm 3.2-4.9% high
 on ZeRO-0 fp32, its folded ZeRO-1/2 norm is 0.79% off (4.4% on the HF model, its fp16 ZeRO-0 norm 6.0%),
 and its BF16_Optimizer raises under folding on the TP rank with no dense gradient to count (patch 0027)
 while the other waits: that launch hangs until its timeout (against 0.19.8, ``-k "not (ep2_tp2 and
-bf16_fp32)"`` leaves the case out of the launch). docs/grad_norm.md ("AutoEP") has the figures.
+bf16_fp32)"`` leaves the case out of the launch). docs/evidence/grad_norm.md ("AutoEP") has the figures.
 """
 
 import importlib.util

@@ -6,7 +6,7 @@
 transformers' Trainer at ZeRO-2 and ZeRO-3 (bf16): its basic training and its gradient-accumulation
 equivalence test, the family of bugs this fork exists for. Each must pass on the fork, and none may pass on
 pristine and fail on the fork. The whole tier (about 25 minutes a side here) runs
-before a release; its report is docs/client_tier/report.md.
+before a release; its report is docs/evidence/client_tier/report.md.
 """
 
 import importlib.util

@@ -86,7 +86,7 @@ def test_one_collective_per_step(launched, case):
         assert result["collectives_in_other_steps"] == [0], f"rank {rank}: {result}"
 
 
-# Every path but ZeRO-3 (its own count, 1 too, is in the table of docs/grad_norm.md) and MoE (not
+# Every path but ZeRO-3 (its own count, 1 too, is in the table of docs/explanation/grad_norm.md) and MoE (not
 # counted here).
 ONE_READ_CASES = [case for case in sorted(COLLECTIVES) if not case.startswith("zero3") and "moe" not in case]
 

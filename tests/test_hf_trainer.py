@@ -9,7 +9,7 @@ False, without DeepSpeed and at ZeRO 0/1/2/3 and ZeRO-2/3 with CPU offload, spli
 as 1x8 and 8x1 on one rank and 1x4 on two. Every case must apply, at every step, the gradient of a
 plain fp64 PyTorch reference: the global token mean when the model takes ``num_items_in_batch``, the
 mean of the micro-batches' own means when it does not. One launch per world size runs the grid
-(tests/workers/hf_trainer.py); docs/hf_trainer.md has the versions and what older ones get wrong.
+(tests/workers/hf_trainer.py); docs/guides/hf_trainer.md has the versions and what older ones get wrong.
 
 Needs transformers and accelerate (tests/requirements.txt pins the tested versions); without them
 the module is skipped, or fails where DS_GAFIX_REQUIRE_HF=1 (CI) says they must be there.

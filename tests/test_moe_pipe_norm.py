@@ -6,7 +6,7 @@
 tests/workers/moe_pipe_norm.py trains one global batch of 8 through a 2-stage PipelineModule with an MoE
 block (top-1, 2 experts) on each stage: 2 ranks (expert parallel 1), 4 ranks (data parallel 2, expert
 parallel 2), at every micro-batch x GAS split, without ZeRO (fp32, FP16_UnfusedOptimizer and bf16's
-BF16_Optimizer) and on ZeRO-1; collectives of the model step counted. All --run-slow (CI's 30 minutes): docs/grad_norm.md has the fork
+BF16_Optimizer) and on ZeRO-1; collectives of the model step counted. All --run-slow (CI's 30 minutes): docs/evidence/grad_norm.md has the fork
 and 0.19.8 side by side.
 """
 

@@ -4,7 +4,7 @@
 """Each optimizer DeepSpeed's config names, on each ZeRO stage (CPU offload where it has a CPU op), steps as
 torch's optimizer (or the published rule) after clip_grad_norm_: three clipped steps at two micro-batch x GAS
 splits against fp64 PyTorch, and one collective per step (tests/workers/optimizer_updates.py). The table of
-both installs is tools/optimizer-table's (docs/optimizers/report.md).
+both installs is tools/optimizer-table's (docs/evidence/optimizers/report.md).
 
 Regression test for Muon under ZeRO-1/2/3 (patch 0032): 0.19.8 clips the orthogonalized update instead of the
 gradient (update 58% off, reported norm the update's, 4.6x the gradient's), and takes 2-3 collectives.

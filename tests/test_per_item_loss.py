@@ -2,7 +2,7 @@
 
 # DeepSpeed Team
 """``"loss_normalization": "per_item"``: the update of the mean over every item of the global batch,
-whatever the micro-batch x GAS x ranks split (tests/workers/per_item_loss.py; docs/per_item_loss.md).
+whatever the micro-batch x GAS x ranks split (tests/workers/per_item_loss.py; docs/guides/per_item_loss.md).
 
 Samples hold 0-12 labelled positions of 12, so per-micro-batch means (mean mode) and the global item
 mean differ by O(1): the guard cases assert that gap, so a per_item path that fell back to means fails.

@@ -2,7 +2,7 @@
 
 # DeepSpeed Team
 """The tested torch and Python range (gafix_build/supported.py): in the wheel's metadata, in README, and
-backed by a version-matrix result for each of its corners (docs/version_matrix/results.json)."""
+backed by a version-matrix result for each of its corners (docs/evidence/version_matrix/results.json)."""
 
 import importlib.metadata
 import json
@@ -51,9 +51,9 @@ def test_each_corner_of_the_range_has_a_green_matrix_cell():
     """The claim is what the matrix measured: the oldest and newest torch (Python 3.11), and the oldest and
     newest Python (on the oldest torch), each with the whole suite passing and no patch-tier regression.
 
-    A release gate (--run-slow, docs/testing.md "Before a release"), not CI's: the matrix that writes its evidence
+    A release gate (--run-slow, docs/develop/testing.md "Before a release"), not CI's: the matrix that writes its evidence
     runs for hours before a release, and CI checks the commits in between."""
-    results = json.loads((REPO / "docs" / "version_matrix" / "results.json").read_text())
+    results = json.loads((REPO / "docs" / "evidence" / "version_matrix" / "results.json").read_text())
     corners = [(TORCH[0], "3.11"), (TORCH[-1], "3.11"), (TORCH[0], PYTHON[0]), (TORCH[0], PYTHON[-1])]
     for torch_version, python in corners:
         cell = results.get(f"{torch_version}@{python}")

@@ -264,7 +264,7 @@ def test_each_distributed_test_gets_a_master_port_the_os_chose(tmp_path):
 
 
 def test_a_fork_built_from_another_commit_resumes_but_other_code_or_packages_do_not(tmp_path):
-    """The full tier takes several sittings, on whatever machine each gets: the same code built from another
+    """The full tier takes several runs, on whatever machine each gets: the same code built from another
     commit (only the build's git stamp differs) resumes; a changed module or package does not, and the
     refusal names the packages that differ and how to install the recorded ones."""
     from upstream_suite.cli import side_identity
@@ -292,7 +292,7 @@ def test_an_unfinished_unit_resumes_without_rerunning_what_has_an_outcome(tmp_pa
     side = Side("fork", sys.executable, tmp_path / "ext", package_dir=str(tmp_path))
     outcomes = SideOutcomes(tmp_path / "results.json", {"who": "test"})
     hang_id = "unit/test_synthetic.py::test_hangs"
-    outcomes.record(hang_id, "timeout", "killed in an earlier sitting", 8.0, "unit/test_synthetic.py")
+    outcomes.record(hang_id, "timeout", "killed in an earlier run", 8.0, "unit/test_synthetic.py")
     run_unit(side,
              Unit("unit/test_synthetic.py"),
              tests,
@@ -300,7 +300,7 @@ def test_an_unfinished_unit_resumes_without_rerunning_what_has_an_outcome(tmp_pa
              timeout_s=60,
              log_dir=tmp_path / "logs",
              local_size=0)
-    assert outcomes.tests[hang_id]["reason"] == "killed in an earlier sitting"
+    assert outcomes.tests[hang_id]["reason"] == "killed in an earlier run"
     assert outcomes.tests["unit/test_synthetic.py::test_after_the_crash"]["outcome"] == "passed"
 
 
@@ -484,7 +484,7 @@ def test_patch_tier_has_no_regression(tmp_path, extensions_dir):
 @pytest.mark.fork_only
 def test_each_patch_test_fails_on_pristine_and_passes_on_the_fork(tmp_path, extensions_dir):
     """The patch-tests tier: every patch's own upstream-style test, in upstream's harness, run on pristine
-    0.19.8 and on the fork (about 12 minutes here; results in docs/patches.md)."""
+    0.19.8 and on the fork (about 12 minutes here; results in docs/develop/patches.md)."""
     upstream_tests_or_skip()
     from helpers.pristine import pristine_python
     report = tmp_path / "patch-tests" / "report.md"
@@ -731,7 +731,7 @@ def test_every_patch_for_upstream_carries_a_test_that_compiles():
 @pytest.mark.fork_only
 def test_each_patch_passes_its_test_with_only_the_patches_before_it(tmp_path, extensions_dir):
     """The prefixes tier: the PR bundles applied one by one on pristine 0.19.8 (git am), and after each,
-    that patch's own upstream-style test on the tree so far (about 25 minutes here; docs/patches.md)."""
+    that patch's own upstream-style test on the tree so far (about 25 minutes here; docs/develop/patches.md)."""
     upstream_tests_or_skip()
     from helpers.pristine import pristine_python
     report = tmp_path / "prefixes.md"

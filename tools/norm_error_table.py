@@ -3,7 +3,7 @@
 
 # DeepSpeed Team
 """Print, as a Markdown table, the grad norm and update errors against fp64 of a norm worker's engine
-paths, on the fork and on pristine upstream side by side (docs/grad_norm.md's MoE table).
+paths, on the fork and on pristine upstream side by side (docs/evidence/grad_norm.md's MoE table).
 
 The worker (tests/workers/moe_norm.py, or moe_tp_norm.py with ``--worker moe_tp``) reports per case and rank ``norm``, ``reference_norm``,
 ``update_error`` and ``collectives_in_boundary_step``; case names are ``<path>_m<micro>_g<gas>``. Each

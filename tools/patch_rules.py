@@ -17,7 +17,7 @@ from pathlib import Path
 
 _TEST_PATH = re.compile(r"\btests/[\w/.-]+\.py\b")
 _UPSTREAM_TEST = re.compile(r"^tests/unit/(?:[\w.-]+/)*test_[\w.-]+\.py$")
-# The fork's own label and ds_report section (docs/patches.md): not a change for upstream.
+# The fork's own label and ds_report section (docs/develop/patches.md): not a change for upstream.
 NOT_FOR_UPSTREAM = {"0001"}
 
 

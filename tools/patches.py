@@ -13,7 +13,7 @@
   export-prs   per patch, a PR bundle (mbox for git am on pristine upstream, with the overlay files it
                needs, and a description): tools/pr_bundles.py
 
-See docs/patches.md for the workflow.
+See docs/develop/patches.md for the workflow.
 """
 
 import argparse
@@ -38,7 +38,7 @@ from patch_rules import problems as patch_problems  # noqa: E402
 BASE_TAG = "gafix-base"
 BRANCH = "gafix"
 DEFAULT_TREE = REPO / "build" / "patch-tree"
-SERIES_HEADER = "# Applied in this order by setup.py; edit with tools/patches.py (docs/patches.md).\n"
+SERIES_HEADER = "# Applied in this order by setup.py; edit with tools/patches.py (docs/develop/patches.md).\n"
 # Fixed so that the same series always materialises to the same commits, whoever runs it.
 _UPSTREAM_IDENTITY = {
     "GIT_AUTHOR_NAME": "DeepSpeed upstream",

@@ -371,7 +371,7 @@ FP16_DYNAMIC = {"fp16": {"enabled": True, "loss_scale": 0, "initial_scale_power"
 # The gradients of a loss sum are as many times larger as the items it sums: with every item of a step on
 # one rank (a pipeline without DP), or summed over the ranks before the division (ZeRO stage 0's fp16
 # all-reduce), a loss scale of 2**8 overflows fp16, and dynamic scaling settles lower after skipped
-# steps. Starting lower skips none (docs/per_item_loss.md).
+# steps. Starting lower skips none (docs/guides/per_item_loss.md).
 FP16_DYNAMIC_SUMS = {"fp16": {"enabled": True, "loss_scale": 0, "initial_scale_power": 2}}
 OFFLOAD = {"offload_optimizer": {"device": "cpu"}}
 # bf16 with fp32 gradient accumulation: BF16_Optimizer at ZeRO stage 1.

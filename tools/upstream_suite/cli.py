@@ -82,7 +82,7 @@ def side_identity(identity, info, package_dir):
     """What one side's outcomes depend on: the tests, the environment and that side's own code (so
     pristine's survive a new fork build, and a rebuilt fork with an unchanged label but other code does
     not resume). The installed packages are kept as a list, so another machine can install the same
-    (docs/upstream_suite.md) and a refusal names what differs."""
+    (docs/develop/upstream_suite.md) and a refusal names what differs."""
     recorded = {key: identity[key] for key in baseline.KEYS if key != "pristine_version"}
     recorded.update(deepspeed=info["deepspeed"],
                     package_sha256=baseline.tree_sha256(package_dir, leave_out=BUILD_STAMP),
@@ -166,7 +166,7 @@ def parse_args(argv):
     parser.add_argument("--work-dir", help="scratch copy, results, logs (default build/upstream-suite/<tier>)")
     parser.add_argument("--results-dir",
                         help="where results-<side>.json live (default: the work dir); keep them to resume a long "
-                        "tier in a later sitting")
+                        "tier in a later run")
     parser.add_argument(
         "--fork-extensions-dir",
         help="TORCH_EXTENSIONS_DIR for the fork side (default <work-dir>/torch_extensions-fork): "
@@ -286,8 +286,9 @@ def run_in(args, work_dir):
                                                                 for key in differs))
         only = sorted(set(info["packages"]) ^ set(fork_info["packages"]))
         if only:
-            raise SetupError(f"the two interpreters have different packages installed ({', '.join(only[:6])}"
-                             f"{' ...' if len(only) > 6 else ''}): install the same in both (docs/upstream_suite.md)")
+            raise SetupError(
+                f"the two interpreters have different packages installed ({', '.join(only[:6])}"
+                f"{' ...' if len(only) > 6 else ''}): install the same in both (docs/develop/upstream_suite.md)")
         sides.append(Side("pristine", python, work_dir / "torch_extensions-pristine", info["package_dir"]))
         infos["pristine"] = info
 

@@ -36,5 +36,5 @@ def problem(python):
     interpreter = interpreter_of(script)
     if interpreter is not None and Path(interpreter).parent != scripts_dir(python):
         return (f"{script} runs {interpreter}, not {python}: a copied venv keeps the original's '#!' lines "
-                f"(rewrite them to {scripts_dir(python)}/python3, docs/upstream_suite.md)")
+                f"(rewrite them to {scripts_dir(python)}/python3, docs/develop/upstream_suite.md)")
     return None

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 
 # DeepSpeed Team
-"""The named selections of upstream's tests (docs/upstream_suite.md explains each).
+"""The named selections of upstream's tests (docs/develop/upstream_suite.md explains each).
 
 - ``patch``: the upstream test files that exercise what each patch of patches/series touches; run by
   the test suite (CI) on the fork against a recorded pristine baseline.
@@ -108,7 +108,7 @@ FULL_TIER_COVERAGE = (
         "path (about 10 minutes of distributed cases here); tests/test_autoep_norm.py covers it with --run-slow"),
 )
 
-# Patches whose changed lines no upstream test runs on a CPU, and why (docs/upstream_suite.md repeats it).
+# Patches whose changed lines no upstream test runs on a CPU, and why (docs/develop/upstream_suite.md repeats it).
 UNCOVERED = {
     "0001": "the version label and ds_report section: no upstream test reads them",
     "0004": "fp16 ZeRO-0 loss scaling: upstream's fp16 training tests (half_precision/) skip on a CPU; GPU tier",
@@ -164,7 +164,7 @@ def units(tier, tests_dir):
 
 
 def patch_table():
-    """Markdown: each patch -> the upstream test files that cover it (docs/upstream_suite.md)."""
+    """Markdown: each patch -> the upstream test files that cover it (docs/develop/upstream_suite.md)."""
     by_patch = {}
     for covered in PATCH_TIER + FULL_TIER_COVERAGE:
         for patch in covered.patches:

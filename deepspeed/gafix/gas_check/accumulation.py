@@ -7,7 +7,7 @@ With bf16 and no ``data_types.grad_accum_dtype``, DeepSpeed accumulates the micr
 in bf16 (8 significant bits): every micro-batch's addition rounds the sum, so the error grows with
 GAS. Measured with ``ds_gas_check`` (1 CPU rank, the built-in MLP, AdamW, ZeRO-2, splits 16x1 ...
 1x16): step-1 update error 1.1e-5 at GAS 1 to 8, 6.4e-2 at GAS 16 (a fail); with
-``"grad_accum_dtype": "fp32"`` 1.3e-5 at GAS 16 on ZeRO-1 and ZeRO-2 alike (docs/gas_check.md).
+``"grad_accum_dtype": "fp32"`` 1.3e-5 at GAS 16 on ZeRO-1 and ZeRO-2 alike (docs/guides/gas_check.md).
 """
 
 import math
@@ -55,7 +55,7 @@ def reading(config, results):
         return None, None
     measured = {gas: error for gas, error in by_gas(results).items() if not math.isnan(error)}
     errors = ", ".join(f"GAS {gas}: {error:.1e}" for gas, error in measured.items())
-    # Say it grows only where it does: Adam can make every split's error the same rounding's (docs/gas_check.md).
+    # Say it grows only where it does: Adam can make every split's error the same rounding's (docs/guides/gas_check.md).
     values = list(measured.values())
     grows = len(values) > 1 and values[-1] >= 2 * values[0]
     growth = "" if len(values) < 2 else ", growing with GAS" if grows else ", not growing with GAS here"

@@ -745,7 +745,7 @@ def format_results(results, title):
     if compared != {"fp64 reference"}:
         lines.append(f"compared with: {', '.join(sorted(compared))} (no fp64 reference: the model is too large for "
                      "one on every rank, or --no-reference; errors the same at every split are not seen this way: "
-                     "docs/gas_check.md)")
+                     "docs/guides/gas_check.md)")
     for r in results:
         lines += [f"  {r.name}: {line}" for line in r.diagnosis]
     gaps = [r for r in results if r.loss_normalization_gap > r.tolerance]
@@ -755,5 +755,5 @@ def format_results(results, title):
                      ", ".join(f"{r.loss_normalization_gap:.1e} ({r.name})" for r in gaps) +
                      ". DeepSpeed averages micro-batch means by design and the check expects that; if the split must "
                      "not matter, set \"loss_normalization\": \"per_item\" and pass each micro-batch's loss sum "
-                     "with engine.backward(loss_sum, num_items=n) (docs/per_item_loss.md).")
+                     "with engine.backward(loss_sum, num_items=n) (docs/guides/per_item_loss.md).")
     return "\n".join(lines)

@@ -1,0 +1,125 @@
+# SPDX-License-Identifier: Apache-2.0
+
+# DeepSpeed Team
+"""The documentation a user reads: README.md, CONTRIBUTING.md, CHANGELOG.md and docs/.
+
+Every relative link points at a file of the repository (and an anchor at one of its headings), and no line
+runs past 300 characters but those of the reports the tools generate (docs/evidence/)."""
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from helpers.repo import REPO, repo_files
+
+DOCS = sorted(
+    name for name in repo_files()
+    if name.endswith(".md") and (name.startswith("docs/") or name in ("README.md", "CONTRIBUTING.md", "CHANGELOG.md")))
+# [text](target) outside code spans; images too.
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+CODE_SPAN = re.compile(r"`[^`]*`")
+LONGEST_LINE = 300
+
+
+def prose_lines(text):
+    """(line number, line) of ``text`` outside fenced code blocks, code spans blanked."""
+    fenced = False
+    for number, line in enumerate(text.splitlines(), 1):
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+            continue
+        if not fenced:
+            yield number, CODE_SPAN.sub("``", line)
+
+
+def slug(heading):
+    """GitHub's anchor for a Markdown heading."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading.strip().lstrip("#").strip()).lower()
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def anchors(path):
+    return {slug(line) for _, line in prose_lines(path.read_text()) if re.match(r"#{1,6} ", line)}
+
+
+def broken_links(name):
+    path = REPO / name
+    broken = []
+    for number, line in prose_lines(path.read_text()):
+        for target in LINK.findall(line):
+            if re.match(r"[a-z][a-z0-9+.-]*:", target):  # http:, https:, mailto:
+                continue
+            file_part, _, anchor = target.partition("#")
+            dest = (path.parent / file_part).resolve() if file_part else path
+            if not dest.exists():
+                broken.append(f"{name}:{number}: {target}: no such file")
+            elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
+                broken.append(f"{name}:{number}: {target}: no heading '#{anchor}' in {dest.relative_to(REPO)}")
+    return broken
+
+
+def test_there_are_docs_to_check():
+    assert "README.md" in DOCS and any(name.startswith("docs/guides/") for name in DOCS)
+
+
+@pytest.mark.parametrize("name", DOCS)
+def test_relative_links_resolve(name):
+    assert broken_links(name) == []
+
+
+def test_link_check_finds_a_broken_link_and_anchor(tmp_path, monkeypatch):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "a.md").write_text("# A page\n\n## Its part\n")
+    (tmp_path / "README.md").write_text("[ok](docs/a.md#its-part) [gone](docs/b.md) [bad](docs/a.md#nowhere)\n"
+                                        "`[in code](docs/c.md)` [web](https://example.org/x)\n")
+    monkeypatch.setattr(__import__(__name__), "REPO", tmp_path)
+    assert broken_links("README.md") == [
+        "README.md:1: docs/b.md: no such file", "README.md:1: docs/a.md#nowhere: no heading '#nowhere' in docs/a.md"
+    ]
+
+
+def is_generated(name, line):
+    """A tool's own output (a file in a folder under docs/evidence/), or a row of an evidence table."""
+    return name.startswith("docs/evidence/") and (name.count("/") > 2 or line.startswith("|"))
+
+
+@pytest.mark.parametrize("name", DOCS)
+def test_no_line_is_longer_than_300_characters(name):
+    long = [
+        number for number, line in enumerate((REPO / name).read_text().splitlines(), 1)
+        if len(line) > LONGEST_LINE and not is_generated(name, line)
+    ]
+    assert long == [], f"{name}: lines {long} are longer than {LONGEST_LINE} characters"
+
+
+def test_the_patch_reference_has_one_row_per_patch_of_the_series():
+    series = [line[:4] for line in (REPO / "patches" / "series").read_text().splitlines() if line[:1].isdigit()]
+    rows = re.findall(r"^\| (\d{4}) \|", (REPO / "docs" / "reference" / "patches.md").read_text(), flags=re.M)
+    assert rows == series, "docs/reference/patches.md must list every patch of patches/series, in order"
+
+
+def test_the_evidence_index_says_what_the_results_files_hold():
+    proc = subprocess.run([sys.executable, str(REPO / "tools" / "evidence-index"), "--check"],
+                          cwd=REPO,
+                          stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT,
+                          text=True)
+    assert proc.returncode == 0, proc.stdout
+
+
+def test_every_docs_path_named_in_the_repository_exists():
+    """Code, tests and pages name docs by path (docs/guides/gas_check.md in an error message): a moved page
+    must take them along. (This file's own examples are made-up pages.)"""
+    named = re.compile(r"(?<![\w/.])docs/[\w./-]+\.(?:md|json|jsonl)\b")
+    texts = [
+        name for name in repo_files()
+        if name != "tests/test_docs.py" and (name.endswith((".py", ".md", ".txt",
+                                                            ".toml")) or name.startswith("tools/"))
+    ]
+    missing = [
+        f"{name}: {path}" for name in texts for path in named.findall((REPO / name).read_text(errors="replace"))
+        if not (REPO / path).exists()
+    ]
+    assert missing == []
