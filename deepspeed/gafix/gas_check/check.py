@@ -25,7 +25,7 @@ from .data import global_batches, item_batches, item_loss_sum, item_mean_loss, l
 from .diagnosis import MATCH, Observation, describe, explain, no_known_cause
 from .models import builtin_layers, builtin_model
 from .optimizers import copy_muon_tags, tag_muon_parameters
-from .ownership import _low_to_master, check_coverage, load_full, owned_masters, spans, values
+from .ownership import _low_to_master, check_coverage, load_full, owned_masters, spans, sum_over_ranks, values
 from .progress import quiet
 from .reference import reference_run
 
@@ -353,10 +353,10 @@ def train_split(config, workload, micro, gas, loop, with_reference, progress, in
     gc.collect()  # the engine's partitions and buffers, before the next split builds its own
     get_accelerator().empty_cache()
     if not stages and per_item:  # the sum of every rank's item losses over the global item count
-        totals = _all_reduce(item_sums + item_counts)
+        totals = sum_over_ranks(item_sums + item_counts)
         losses = [total / max(count, 1.0) for total, count in zip(totals[:len(losses)], totals[len(losses):])]
     elif not stages:  # the pipeline engine's loss is already the mean over its data-parallel ranks
-        losses = [value / dist.get_world_size() for value in _all_reduce(losses)]
+        losses = [value / dist.get_world_size() for value in sum_over_ranks(losses)]
     return SplitRun(norms, losses, weights, initial, reference_model, reference_loss, owned_spans, step_sums)
 
 
@@ -375,7 +375,7 @@ def _trainable(model, stages):
     the stage's data-parallel ranks counts them (a collective with ``stages``)."""
     count = float(sum(p.numel() for p in model.parameters() if p.requires_grad))
     if stages:
-        return _all_reduce([count])[0] / (dist.get_world_size() // stages)
+        return sum_over_ranks([count])[0] / (dist.get_world_size() // stages)
     return count
 
 
@@ -401,13 +401,7 @@ def _update_sums(final, start, expected_final, expected_start):
 def _all_equal(ours, theirs):
     """Whether two runs' owned weights are identical on every rank (one collective)."""
     same = ours.keys() == theirs.keys() and all(torch.equal(ours[name], theirs[name]) for name in ours)
-    return _all_reduce([0.0 if same else 1.0])[0] == 0.0
-
-
-def _all_reduce(values, op=dist.ReduceOp.SUM):
-    tensor = torch.tensor(values, dtype=torch.float64, device=get_accelerator().current_device_name())
-    dist.all_reduce(tensor, op=op)
-    return tensor.cpu().tolist()
+    return sum_over_ranks([0.0 if same else 1.0])[0] == 0.0
 
 
 def _step_sums(run, weights, steps):
@@ -418,7 +412,7 @@ def _step_sums(run, weights, steps):
     local = run.step_sums if weights is None else [
         _update_sums(run.weights[step], run.weights[0], weights[step], weights[0]) for step in range(1, steps + 1)
     ]
-    return local, _all_reduce([s for step_sums in local for s in step_sums])
+    return local, sum_over_ranks([s for step_sums in local for s in step_sums])
 
 
 def _relative_errors(sums, steps):
@@ -438,7 +432,7 @@ def compare_split(micro, gas, run, expected_norms, expected_weights, tol, floor_
     dot, exp_sq, _, _ = local[0]
     own = [0.0] * world
     own[dist.get_rank()] = dot / exp_sq if exp_sq else float("nan")
-    rank_factors = _all_reduce(own)
+    rank_factors = sum_over_ranks(own)
     norm_errors = [abs(n - r) / r if r else abs(n - r) for n, r in zip(run.norms, expected_norms)]
     floor_errors = [] if floor_weights is None else _relative_errors(_step_sums(run, floor_weights, steps)[1], steps)
     return SplitResult(micro=micro,

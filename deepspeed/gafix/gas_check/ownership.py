@@ -100,10 +100,14 @@ def _all_reduce(tensor):
     return moved.cpu()
 
 
+def sum_over_ranks(values):
+    """``values`` (floats) summed over every rank, in fp64: one collective."""
+    return _all_reduce(torch.tensor(values, dtype=torch.float64)).tolist()
+
+
 def check_coverage(owned_spans, total):
     """Raise unless the ranks' owned elements add up to the model's ``total`` trainable elements (each owned once)."""
-    counted = _all_reduce(
-        torch.tensor([float(sum(stop - start for start, stop in owned_spans.values()))], dtype=torch.float64)).item()
+    counted = sum_over_ranks([float(sum(stop - start for start, stop in owned_spans.values()))])[0]
     if int(counted) != int(total):
         raise ValueError(f"the ranks own {int(counted)} elements of the model's {int(total)} trainable ones: a layout "
                          "the check does not know (tensor or expert parallelism?) holds the same names on several "
@@ -120,7 +124,7 @@ def load_full(model, owned, source):
         for name, (start, tensor) in owned.items() if name in params and start + tensor.numel() > params[name].numel()
     ]
     # Every rank decides together: one raising alone would leave the others waiting in the next collective.
-    if _all_reduce(torch.tensor([float(len(wrong))], dtype=torch.float64)).item():
+    if sum_over_ranks([float(len(wrong))])[0]:
         raise ValueError(f"{source}: the reference model must have the engine's parameter names and shapes"
                          f"{': ' + ', '.join(wrong[:3]) if wrong else ' (another rank found a difference)'}")
     with torch.no_grad():
