@@ -6,6 +6,7 @@
 Every relative link points at a file of the repository (and an anchor at one of its headings), and no line
 runs past 300 characters but those of the reports the tools generate (docs/evidence/)."""
 
+import functools
 import re
 import subprocess
 import sys
@@ -40,7 +41,9 @@ def slug(heading):
     return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
 
 
+@functools.lru_cache(maxsize=None)
 def anchors(path):
+    """The anchors of the page at ``path``: read once however many links point into it."""
     return {slug(line) for _, line in prose_lines(path.read_text()) if re.match(r"#{1,6} ", line)}
 
 
@@ -74,7 +77,7 @@ def test_link_check_finds_a_broken_link_and_anchor(tmp_path, monkeypatch):
     (tmp_path / "docs" / "a.md").write_text("# A page\n\n## Its part\n")
     (tmp_path / "README.md").write_text("[ok](docs/a.md#its-part) [gone](docs/b.md) [bad](docs/a.md#nowhere)\n"
                                         "`[in code](docs/c.md)` [web](https://example.org/x)\n")
-    monkeypatch.setattr(__import__(__name__), "REPO", tmp_path)
+    monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
     assert broken_links("README.md") == [
         "README.md:1: docs/b.md: no such file", "README.md:1: docs/a.md#nowhere: no heading '#nowhere' in docs/a.md"
     ]
