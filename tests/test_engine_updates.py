@@ -10,7 +10,10 @@ Regression tests for three bugs of deepspeed 0.19.8 (all fail on it, see tools/t
   patch "Scale the loss for the fp16 optimizers of ZeRO stage 0";
 - a trainer that scales the loss itself and sets ``engine.scale_wrt_gas = False`` (fairseq): the
   attribute was ignored since 0.18.3, so the update was 1/GAS of the right one; patch "Honour the
-  engine's scale_wrt_gas attribute again".
+  engine's scale_wrt_gas attribute again";
+- ZeRO-3 without reduce-scatter and gradient_predivide_factor equal to the world size: the gradient was
+  divided by the factor twice (update x0.5 on 2 ranks); patch "Undo ZeRO-3's gradient pre-division when
+  the factor equals the world size". The other prescaling cases establish paths 0.19.8 already had right.
 """
 
 import pytest
@@ -27,6 +30,11 @@ TOLERANCE = {
     "trainer_scaled_zero0_fp32": 1e-4,
     "trainer_scaled_zero2_fp32": 1e-4,
     "trainer_scaled_zero2_fp32_tensor_backward": 1e-4,
+    **{
+        f"{how}_{path}_fp32": 1e-4
+        for how in ("prescale", "predivide")
+        for path in ("zero0", "zero1", "zero2_allreduce", "zero3_allreduce")
+    },
     "pipe2_fp32_clip_off": 1e-4,
     "pipe2_fp32_clip_on": 1e-4,
 }

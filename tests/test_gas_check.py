@@ -68,6 +68,7 @@ CASES_READ_BY = {
     "test_mean_mode_reports_the_bias_of_micro_batch_means": ["zero1_fp32_mean_variable_items"],
     "test_bf16_muon_is_never_failed_for_rounding": ["zero2_bf16_muon_clip"],
     "test_small_buckets_reveal_a_bucket_bug": ["control_bucket_bug_needs_small_buckets"],
+    "test_a_step_the_engine_skips_is_reported": ["control_inf_gradient_in_step_2"],
 }
 
 
@@ -161,6 +162,14 @@ def test_control_forgetting_to_divide_is_caught_as_gas(launched):
         assert not row["passed"]
         assert row["update_factor"] == pytest.approx(row["gas"], rel=1e-3)
         assert any("summed over micro-batches" in line for line in row["diagnosis"]), row["diagnosis"]
+
+
+def test_a_step_the_engine_skips_is_reported(launched):
+    """An inf in one rank's loss in step 2: every split skips that step, and the report says so, split by split."""
+    result = launched.case("control_inf_gradient_in_step_2")[0]
+    assert result["skipped"] and all(count == 1 for count in result["skipped"]), result["skipped"]
+    lines = [line for line in result["report"].splitlines() if "the engine skipped 1 of 3 step(s)" in line]
+    assert len(lines) == len(result["skipped"]), result["report"]
 
 
 def test_control_loss_times_world_is_caught_as_world_size(launched):

@@ -46,7 +46,12 @@ def compare(observed, expected):
 
 
 def snapshot(module):
-    return {name: p.detach().double().clone() for name, p in module.named_parameters()}
+    """Every parameter, whole: ZeRO-3 partitions are gathered (each rank's master copy)."""
+    from deepspeed.utils import safe_get_full_fp32_param
+    return {
+        name: (safe_get_full_fp32_param(p) if hasattr(p, "ds_id") else p).detach().double().clone()
+        for name, p in module.named_parameters()
+    }
 
 
 def base_config(micro, gas, clip):
@@ -149,6 +154,30 @@ SPLITS = [(8, 1), (2, 4)]
 FP16_STATIC = {"fp16": {"enabled": True, "loss_scale": 256}}
 FP16_DYNAMIC = {"fp16": {"enabled": True, "loss_scale": 0, "initial_scale_power": 10}}
 ZERO2 = {"zero_optimization": {"stage": 2}}
+# Dividing before the all-reduce instead of after (prescale_gradients, gradient_predivide_factor) moves the
+# division, never the mean. A factor equal to the world size (2) is the case ZeRO-3's all-reduce path got wrong;
+# ZeRO-2/3's reduce-scatter refuses both (tests/unit/runtime/zero/test_prescale_with_reduce_scatter.py).
+PRESCALING = {"prescale": {"prescale_gradients": True}, "predivide": {"gradient_predivide_factor": 2.0}}
+ZERO_ALLREDUCE = {
+    "zero0": {},
+    "zero1": {
+        "zero_optimization": {
+            "stage": 1
+        }
+    },
+    "zero2_allreduce": {
+        "zero_optimization": {
+            "stage": 2,
+            "reduce_scatter": False
+        }
+    },
+    "zero3_allreduce": {
+        "zero_optimization": {
+            "stage": 3,
+            "reduce_scatter": False
+        }
+    },
+}
 
 # Pipeline cases last: the pipeline grid stays in deepspeed.utils.groups for the process's lifetime
 # and would make later non-pipeline engines see a model-parallel world of 2.
@@ -169,6 +198,11 @@ CASES = {
     over_splits(data_parallel_step, SPLITS, 0.0, ZERO2, True, True),
     "scale_wrt_gas_type_error":
     scale_wrt_gas_type_error,
+    **{
+        f"{how}_{path}_fp32": over_splits(data_parallel_step, SPLITS, 0.0, dict(ZERO_ALLREDUCE[path], **PRESCALING[how]))
+        for how in PRESCALING
+        for path in ZERO_ALLREDUCE
+    },
     "pipe2_fp32_clip_off":
     over_splits(pipeline_step, SPLITS, 0.0),
     "pipe2_fp32_clip_on":

@@ -217,6 +217,31 @@ def doubles_later_buckets():
 
 
 CASES["control_bucket_bug_needs_small_buckets"] = doubles_later_buckets
+
+
+def inf_gradient_in_step_2():
+    """One rank's loss turns inf in step 2 of 3: the engine skips that step on every split, and the check says so
+    (a skipped step's update is zero, so the split fails against the reference)."""
+    import importlib
+
+    import deepspeed.comm as dist
+    format_results = importlib.import_module(gas_check.__name__ + ".check").format_results
+
+    def poisons_step_2(original, engine, loss):
+        if dist.get_rank() == 1 and engine.global_steps == 1:
+            loss = loss * float("inf")
+        return original(engine, loss)
+
+    original = DeepSpeedEngine.backward
+    DeepSpeedEngine.backward = lambda engine, loss, **kw: poisons_step_2(original, engine, loss)
+    try:
+        results = gas_check.check_gas_invariance(CONFIGS["zero1_fp32"])
+    finally:
+        DeepSpeedEngine.backward = original
+    return {"skipped": [r.skipped_steps for r in results], "report": format_results(results, "inf in step 2")}
+
+
+CASES["control_inf_gradient_in_step_2"] = inf_gradient_in_step_2
 CASES["zero2_fp32_small_buckets"] = lambda: check(zero(2, gradient_clipping=0.5, **SGD), small_buckets=True)
 CASES["zero3_fp32_small_buckets"] = lambda: check(zero(3, gradient_clipping=0.5, **SGD), small_buckets=True)
 CASES["zero2_fp32_caller_divides"] = lambda: with_backward(divides_itself, CONFIGS["zero2_fp32"])

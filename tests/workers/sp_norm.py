@@ -4,13 +4,23 @@
 """Rank worker: Ulysses sequence parallelism (``deepspeed.runtime.sequence_parallel.parallel_state_sp``
 as the engine's mpu): the global grad norm and the update against fp64.
 
-Sequence parallelism splits each sample's sequence over the SP ranks; every SP rank's loss is its
-chunk's share of the sample's loss, and the engine SUMS the gradients over the SP ranks (it averages
-over data-parallel ranks only). The gradient path is what this checks, so a small MLP stands for
-the model: each rank's micro-batch is its chunk, its loss the chunk's sum of squared errors divided
-by the whole (global) batch's element count, so that the sum over every rank and micro-batch of the
-losses is the fp64 mean over the global batch, and DP x GAS averaging is undone by scaling with DP x
-GAS. Case names: ``<path>_sp<sp>_m<micro>_g<gas>``.
+Sequence parallelism splits each sample's sequence over the SP ranks. The gradient path is what this
+checks, so a small MLP stands for the model: each rank's micro-batch is its chunk. Two ways of writing
+the loss, both in use, give each SP rank a different gradient:
+
+* its share (``<path>_sp...``): every SP rank backpropagates its chunk's share of the sample's loss
+  (its sum of squared errors over the global batch's element count), as DeepSpeed's
+  ``vocab_parallel_cross_entropy(..., sp_group=...)`` and Megatron-DeepSpeed do. The SP ranks'
+  gradients add up to the sample's: the engine must SUM over SP ranks, average over DP ranks only.
+* ALST's recipe (``<path>_alst_sp...``): every SP rank gathers the shares (``GatherSummingGradients``,
+  ``torch.distributed.nn.functional.all_gather``'s semantics) and backpropagates their sum, the same loss on every
+  SP rank, as DeepSpeed's ALST tutorial, the Hugging Face Trainer and accelerate do. That gather's
+  backward sums over the SP ranks, so each rank's gradient is SP times its share: the engine must
+  average over SP ranks too.
+
+Either way the sum over every rank and micro-batch of the shares is the fp64 mean over the global
+batch, and DP x GAS averaging is undone by scaling with DP x GAS. Case names:
+``<path>[_alst]_sp<sp>_m<micro>_g<gas>``.
 """
 
 import copy
@@ -51,12 +61,46 @@ PATHS = {
             "stage": 2
         }
     },
+    "zero3_fp32": {
+        "zero_optimization": {
+            "stage": 3
+        }
+    },
+    "zero3_allreduce_fp32": {
+        "zero_optimization": {
+            "stage": 3,
+            "reduce_scatter": False
+        }
+    },
 }
 
 # "loss_normalization": "per_item" (path + PER_ITEM): each sample holds this many items (its squared
 # error counted once per item); each rank passes its chunk's loss sum and count, and nothing else.
 PER_ITEM = "_per_item"
+# ALST's loss (path + ALST): the shares gathered over the SP group and summed, on every SP rank.
+ALST = "_alst"
 ITEMS = SAMPLE_ITEMS[:GLOBAL_BATCH]
+
+
+class GatherSummingGradients(torch.autograd.Function):
+    """``torch.distributed.nn.functional.all_gather`` of a 0-dim loss, as ALST's recipe calls it: forward
+    gathers every rank's value, backward gives each rank its slot's gradient summed over the group. Written
+    on deepspeed.comm because torch's fails on a gloo subgroup ("Global rank 0 is not part of group") when
+    SP < world size; at SP = world size the two give the same numbers (the series' upstream-style test
+    tests/unit/sequence_parallelism/test_sp_gradient_reduction.py calls torch's)."""
+
+    @staticmethod
+    def forward(ctx, value, group):
+        ctx.group = group
+        gathered = [torch.zeros_like(value) for _ in range(dist.get_world_size(group=group))]
+        dist.all_gather(gathered, value.contiguous(), group=group)
+        return torch.stack(gathered)
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.clone()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad[dist.get_rank(group=ctx.group)], None
 
 
 def case(path, sp, micro, gas):
@@ -66,13 +110,16 @@ def case(path, sp, micro, gas):
         from deepspeed.utils import safe_get_full_fp32_param
         world = dist.get_world_size()
         dp = world // sp
+        per_item = path.endswith(PER_ITEM)
+        alst = path.endswith(ALST)
         if sp_mpu._SEQUENCE_PARALLEL_GROUP is None:  # process-wide groups: made once
             sp_mpu.initialize_sequence_parallel(sp)
+        if hasattr(sp_mpu, "set_sequence_parallel_loss"):  # 0.19.8 has no such declaration
+            sp_mpu.set_sequence_parallel_loss("gathered" if alst else "share")
         layers = make_layers()
         model = torch.nn.Sequential(*copy.deepcopy(layers))
         config = sgd_config(micro, gas, CLIP, LR)
-        per_item = path.endswith(PER_ITEM)
-        config.update(PATHS[path.removesuffix(PER_ITEM)])
+        config.update(PATHS[path.removesuffix(PER_ITEM).removesuffix(ALST)])
         if per_item:
             config["loss_normalization"] = "per_item"
         engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config, mpu=sp_mpu)
@@ -85,7 +132,10 @@ def case(path, sp, micro, gas):
 
         def chunk_loss(output, target):
             # The chunk's share of the global mean, times the DP x GAS average the engine applies.
-            return ((output - target)**2).sum() / elements * dp * gas
+            share = ((output - target)**2).sum() / elements * dp * gas
+            if not alst:
+                return share
+            return GatherSummingGradients.apply(share, sp_mpu.get_sequence_parallel_group()).sum()
 
         losses = micro_batch_losses(engine, micro_batches(x, y, micro, gas), items, per_item, chunk_loss)
         step = train_step_counting_collectives(engine, losses)
@@ -113,6 +163,25 @@ def case(path, sp, micro, gas):
     return run
 
 
+def refuses_per_item_with_a_gathered_loss():
+    """loss_normalization "per_item" takes each rank's own loss sum and item count: with a gathered SP loss the
+    engine refuses it, naming the key. Returns the error's message."""
+    from deepspeed.runtime.config import DeepSpeedConfigError
+    from deepspeed.runtime.sequence_parallel import parallel_state_sp as sp_mpu
+    if sp_mpu._SEQUENCE_PARALLEL_GROUP is None:
+        sp_mpu.initialize_sequence_parallel(2)
+    sp_mpu.set_sequence_parallel_loss("gathered")
+    model = torch.nn.Sequential(*make_layers())
+    config = {**sgd_config(1, 1, CLIP, LR), "zero_optimization": {"stage": 2}, "loss_normalization": "per_item"}
+    try:
+        deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config, mpu=sp_mpu)
+    except DeepSpeedConfigError as error:
+        return str(error)
+    finally:
+        sp_mpu.set_sequence_parallel_loss("share")
+    return None
+
+
 def splits(world):
     per_rank = GLOBAL_BATCH // world
     return [(per_rank, 1), (per_rank // 2, 2)]
@@ -122,7 +191,7 @@ if __name__ == "__main__":
     world = int(os.environ.get("WORLD_SIZE", "2"))
     run_cases({
         f"{path}_sp{sp}_m{m}_g{g}": case(path, sp, m, g)
-        for path in list(PATHS) + [path + PER_ITEM for path in PATHS]
+        for path in list(PATHS) + [path + PER_ITEM for path in PATHS] + [path + ALST for path in PATHS]
         for sp in (2, )
         for m, g in splits(world)
-    })
+    } | {"refuses_per_item_with_a_gathered_loss": refuses_per_item_with_a_gathered_loss})

@@ -106,6 +106,11 @@ FULL_TIER_COVERAGE = (
         "unit/v1/moe/test_autoep_integration.py", "0029",
         "AutoEP on ZeRO-3: training steps, checkpoints and expert replica groups, each step choosing the norm's "
         "path (about 10 minutes of distributed cases here); tests/test_autoep_norm.py covers it with --run-slow"),
+    _covered(
+        "unit/ulysses_alst/test_ulysses_sp_hf.py", "0034",
+        "ALST's gathered loss on ZeRO-2/3 against a run without SP: loads a hub model, so it fails on both sides "
+        "here (no network); with a local stand-in its ZeRO-2 case shows 0.19.8's doubled gradient; "
+        "tests/test_sp_norm.py covers every stage against fp64"),
 )
 
 # Patches whose changed lines no upstream test runs on a CPU, and why (docs/develop/upstream_suite.md repeats it).

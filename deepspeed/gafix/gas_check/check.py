@@ -95,6 +95,7 @@ class SplitResult:
     # Per step: ||update - update of that plain PyTorch run|| / ||that update|| (empty without a reference).
     floor_update_errors: list = field(default_factory=list)
     small_buckets: str = ""  # what --small-buckets set ("" without it)
+    skipped_steps: int = 0  # steps the engine skipped (non-finite gradients)
 
     @property
     def steps_matching_floor(self):
@@ -159,6 +160,7 @@ class SplitRun:
     reference_loss: object
     spans: dict  # {name: (start, stop)}: which elements of each flattened parameter this rank owns
     step_sums: list = field(default_factory=list)  # per step, _update_sums against the run it was trained against
+    skipped_steps: int = 0  # steps the engine skipped (non-finite gradients): their update is zero
 
 
 def config_dtype(config):
@@ -348,6 +350,7 @@ def train_split(config, workload, micro, gas, loop, with_reference, progress, in
             step_sums.append(_update_sums(current, weights[0], against[step + 1], against[0]))
         del current
         progress.step(index, what, step + 1, len(workload.batches))
+    skipped_steps = engine.skipped_steps
     engine.destroy()
     del engine, model
     gc.collect()  # the engine's partitions and buffers, before the next split builds its own
@@ -357,7 +360,8 @@ def train_split(config, workload, micro, gas, loop, with_reference, progress, in
         losses = [total / max(count, 1.0) for total, count in zip(totals[:len(losses)], totals[len(losses):])]
     elif not stages:  # the pipeline engine's loss is already the mean over its data-parallel ranks
         losses = [value / dist.get_world_size() for value in sum_over_ranks(losses)]
-    return SplitRun(norms, losses, weights, initial, reference_model, reference_loss, owned_spans, step_sums)
+    return SplitRun(norms, losses, weights, initial, reference_model, reference_loss, owned_spans, step_sums,
+                    skipped_steps)
 
 
 def _trainable_count(workload):
@@ -447,7 +451,8 @@ def compare_split(micro, gas, run, expected_norms, expected_weights, tol, floor_
                        tolerance=tol,
                        update_sums=[sums[0], sums[1], sums[3]],
                        losses=run.losses,
-                       norms=run.norms)
+                       norms=run.norms,
+                       skipped_steps=run.skipped_steps)
 
 
 def diagnose(results, loss_scale, clip):
@@ -742,6 +747,9 @@ def format_results(results, title):
                      "docs/guides/gas_check.md)")
     for r in results:
         lines += [f"  {r.name}: {line}" for line in r.diagnosis]
+        if r.skipped_steps:
+            lines.append(f"  {r.name}: the engine skipped {r.skipped_steps} of {len(r.norms)} step(s) for non-finite "
+                         "gradients (inf/nan): those steps did not update the weights")
     gaps = [r for r in results if r.loss_normalization_gap > r.tolerance]
     if gaps:
         lines.append("note: the loss is a mean over each micro-batch's own items and their counts vary, so the split "
