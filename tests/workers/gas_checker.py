@@ -184,6 +184,52 @@ CONFIGS.update({
     "zero2_offload_fp32_adagrad_clip": zero_offload(2, gradient_clipping=0.5, **ADAGRAD),
     "zero2_offload_fp32_lion_clip": zero_offload(2, gradient_clipping=0.5, **LION),
 })
+
+
+def zero_with(stage, zero_keys, **extra):
+    """ZeRO ``stage`` with ``zero_keys`` inside "zero_optimization" (zero() puts its keywords at the top level)."""
+    return {"zero_optimization": {"stage": stage, **zero_keys}, **extra}
+
+
+# The engine's other ways to reduce, fetch and place (docs/reference/engine_surface.md): each right at every
+# split. round_robin_gradients failed here on 0.19.8 through its fp32 fragment mapping (patch 0038).
+CLIPPED_SGD = dict(SGD, gradient_clipping=0.5)
+CONFIGS.update({
+    "zero1_fp32_round_robin":
+    zero_with(1, {"round_robin_gradients": True}, **CLIPPED_SGD),
+    "zero2_fp32_round_robin":
+    zero_with(2, {"round_robin_gradients": True}, **CLIPPED_SGD),
+    "zero2_fp32_overlap_comm":
+    zero_with(2, {"overlap_comm": True}, **CLIPPED_SGD),
+    "zero2_fp32_no_contiguous_gradients":
+    zero_with(2, {"contiguous_gradients": False}, **CLIPPED_SGD),
+    "zero2_fp32_single_rank_buckets":
+    zero_with(2, {"use_multi_rank_bucket_allreduce": False}, **CLIPPED_SGD),
+    "zero2_fp32_no_allgather_partitions":
+    zero_with(2, {"allgather_partitions": False}, **CLIPPED_SGD),
+    "zero2_fp32_disable_allgather":
+    zero_with(2, {}, disable_allgather=True, **CLIPPED_SGD),
+    "zero3_fp32_no_overlap_no_contiguous":
+    zero_with(3, {
+        "overlap_comm": False,
+        "contiguous_gradients": False
+    }, **SGD),
+    "zero3_fp32_fetch_one_at_a_time":
+    zero_with(3, {
+        "stage3_max_live_parameters": 10,
+        "stage3_max_reuse_distance": 0,
+        "stage3_prefetch_bucket_size": 10
+    }, **SGD),
+    "zero3_offload_param_fp32":
+    zero_with(3, {
+        **OFFLOAD, "offload_param": {
+            "device": "cpu"
+        }
+    }, **TORCH_OPTIMIZER_OFFLOAD, **CLIPPED_SGD),
+    "zero2_bf16_fp32_communication":
+    zero_with(2, {}, communication_data_type="fp32", **BF16, **CLIPPED_SGD),
+})
+
 CASES = {name: (lambda config=config: check(config)) for name, config in CONFIGS.items()}
 
 
