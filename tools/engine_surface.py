@@ -167,7 +167,6 @@ def _unmapped_models(reached):
     import importlib
     import pkgutil
 
-    import deepspeed
     from deepspeed.runtime.config_utils import DeepSpeedConfigModel
     for package in ("runtime", "compile", "comm", "monitor", "utils"):
         root = importlib.import_module(f"deepspeed.{package}")
@@ -177,7 +176,6 @@ def _unmapped_models(reached):
                     importlib.import_module(info.name)
                 except Exception:  # an optional dependency missing: its models cannot be in use either
                     continue
-    del deepspeed
 
     def subclasses(cls):
         for sub in cls.__subclasses__():
@@ -239,12 +237,13 @@ def problems(keys, rows, unmapped=(), repo=REPO):
 
 def render(rows, keys):
     """The markdown tables of the map, by status, each headed by how many of the engine's ``keys`` it holds."""
+    status_of_keys = [holding[0]["status"] for holding in (rows_of(key, rows) for key in keys) if holding]
     lines = []
     for status, (meaning, _) in STATUSES.items():
         of_status = [row for row in rows if row["status"] == status]
         if not of_status:
             continue
-        count = sum(1 for key in keys if rows_of(key, rows)[:1] and rows_of(key, rows)[0]["status"] == status)
+        count = status_of_keys.count(status)
         lines += [f"### {status} ({count} keys)", "", meaning + ".", "", "| keys | what | tests |", "|---|---|---|"]
         for row in of_status:
             names = ", ".join(f"`{k}`" for k in row["keys"])

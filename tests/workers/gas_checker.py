@@ -40,12 +40,13 @@ def check(config, **kwargs):
     ]
 
 
-def with_backward(wrapper, config, **kwargs):
-    """Run a check while every engine.backward() goes through ``wrapper`` (a caller's own loss handling)."""
+def with_backward(wrapper, config, run=check, **kwargs):
+    """``run`` a check (default: ``check``'s rows) while every engine.backward() goes through ``wrapper`` (a
+    caller's own loss handling)."""
     original = DeepSpeedEngine.backward
     DeepSpeedEngine.backward = lambda engine, loss, **kw: wrapper(original, engine, loss)
     try:
-        return check(config, **kwargs)
+        return run(config, **kwargs)
     finally:
         DeepSpeedEngine.backward = original
 
@@ -278,12 +279,7 @@ def inf_gradient_in_step_2():
             loss = loss * float("inf")
         return original(engine, loss)
 
-    original = DeepSpeedEngine.backward
-    DeepSpeedEngine.backward = lambda engine, loss, **kw: poisons_step_2(original, engine, loss)
-    try:
-        results = gas_check.check_gas_invariance(CONFIGS["zero1_fp32"])
-    finally:
-        DeepSpeedEngine.backward = original
+    results = with_backward(poisons_step_2, CONFIGS["zero1_fp32"], run=gas_check.check_gas_invariance)
     return {"skipped": [r.skipped_steps for r in results], "report": format_results(results, "inf in step 2")}
 
 

@@ -103,17 +103,23 @@ class GatherSummingGradients(torch.autograd.Function):
         return grad[dist.get_rank(group=ctx.group)], None
 
 
+def sequence_parallel_groups(sp):
+    """``parallel_state_sp`` with its process-wide groups, made on first use."""
+    from deepspeed.runtime.sequence_parallel import parallel_state_sp as sp_mpu
+    if sp_mpu._SEQUENCE_PARALLEL_GROUP is None:
+        sp_mpu.initialize_sequence_parallel(sp)
+    return sp_mpu
+
+
 def case(path, sp, micro, gas):
 
     def run():
-        from deepspeed.runtime.sequence_parallel import parallel_state_sp as sp_mpu
         from deepspeed.utils import safe_get_full_fp32_param
         world = dist.get_world_size()
         dp = world // sp
         per_item = path.endswith(PER_ITEM)
         alst = path.endswith(ALST)
-        if sp_mpu._SEQUENCE_PARALLEL_GROUP is None:  # process-wide groups: made once
-            sp_mpu.initialize_sequence_parallel(sp)
+        sp_mpu = sequence_parallel_groups(sp)
         if hasattr(sp_mpu, "set_sequence_parallel_loss"):  # 0.19.8 has no such declaration
             sp_mpu.set_sequence_parallel_loss("gathered" if alst else "share")
         layers = make_layers()
@@ -167,9 +173,7 @@ def refuses_per_item_with_a_gathered_loss():
     """loss_normalization "per_item" takes each rank's own loss sum and item count: with a gathered SP loss the
     engine refuses it, naming the key. Returns the error's message."""
     from deepspeed.runtime.config import DeepSpeedConfigError
-    from deepspeed.runtime.sequence_parallel import parallel_state_sp as sp_mpu
-    if sp_mpu._SEQUENCE_PARALLEL_GROUP is None:
-        sp_mpu.initialize_sequence_parallel(2)
+    sp_mpu = sequence_parallel_groups(2)
     sp_mpu.set_sequence_parallel_loss("gathered")
     model = torch.nn.Sequential(*make_layers())
     config = {**sgd_config(1, 1, CLIP, LR), "zero_optimization": {"stage": 2}, "loss_normalization": "per_item"}
