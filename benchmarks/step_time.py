@@ -344,8 +344,11 @@ def main():
     parser.add_argument("--work-dir", help="where each launch's JSON goes (default: a temporary directory)")
     parser.add_argument("--json", help="also write the table's rows and every round's results here")
     args = parser.parse_args()
+    if args.worker:
+        return worker(args)
+    # Only the parent needs pristine: a worker resolving it would build a venv on every launch.
     args.pristine_python = args.pristine_python or pristine_like(args.fork_python)
-    worker(args) if args.worker else parent(args)
+    parent(args)
 
 
 if __name__ == "__main__":

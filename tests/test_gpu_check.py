@@ -29,9 +29,9 @@ def gpu_check():
 def test_dry_run_finds_every_command():
     proc = subprocess.run([sys.executable, str(TOOL), "--dry-run"], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "dry run of 7 check(s): OK" in proc.stdout
+    assert "dry run of 8 check(s): OK" in proc.stdout
     for name in ("fused-norm", "cuda-engines", "gas-check-bf16-fused-adam", "norm-bandwidth", "norm-host-time",
-                 "step-time", "upstream-gpu-tier"):
+                 "step-time-zero2", "step-time-zero3", "upstream-gpu-tier"):
         assert f"{name}: " in proc.stdout
 
 
@@ -98,12 +98,27 @@ def test_step_time_and_host_time_criteria(gpu_check, tmp_path):
             "config": "b",
             "ratio": 1.2
         }]}))
-    passed, detail = gpu_check.judge_step_time(0, tmp_path)
+    judge = gpu_check.judge_step_time("step-time.json")
+    passed, detail = judge(0, tmp_path)
     assert not passed and "b 1.200" in detail
     (tmp_path / "step-time.json").write_text(json.dumps({"rows": [{"config": "a", "ratio": 0.6}]}))
-    assert gpu_check.judge_step_time(0, tmp_path)[0]
+    assert judge(0, tmp_path)[0]
+    assert not judge(1, tmp_path)[0]
     rows = [{"host_us": 200.0}, {"host_us": 60.0}, {"host_us": 100.0}, {"host_us": 120.0}]
     (tmp_path / "norm-host-time.json").write_text(json.dumps(rows))
     assert not gpu_check.judge_host_time(0, tmp_path)[0]
     (tmp_path / "norm-host-time.json").write_text(json.dumps(rows[:2]))
     assert gpu_check.judge_host_time(0, tmp_path)[0]
+
+
+def test_step_time_worker_needs_no_pristine(monkeypatch):
+    # The launcher starts the worker on the device machine, where pristine may not be found (or built) at all.
+    loader = importlib.machinery.SourceFileLoader("step_time", str(REPO / "benchmarks" / "step_time.py"))
+    step_time = importlib.util.module_from_spec(importlib.util.spec_from_loader("step_time", loader))
+    loader.exec_module(step_time)
+    ran = []
+    monkeypatch.setattr(step_time, "pristine_like", lambda fork: pytest.fail("the worker looked for pristine"))
+    monkeypatch.setattr(step_time, "worker", lambda args: ran.append(args.configs))
+    monkeypatch.setattr(sys, "argv", ["step_time.py", "--worker", "--out", "x.json", "--configs", "z2_bf16_gas1"])
+    step_time.main()
+    assert ran == [["z2_bf16_gas1"]]
