@@ -15,11 +15,15 @@ and FusedAdam's CPU op are listed for reference. ``--ops`` picks.
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+
+from toolkit.sides import pristine_python  # noqa: E402
 
 LOADS = {
     "shm_comm": "from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder as B; B().load()",
@@ -38,13 +42,6 @@ def timed_load(python, code, extensions_dir):
     return {"seconds": seconds}
 
 
-def pristine_like(fork_python):
-    """The venv tools/test-against-upstream builds for pristine upstream on fork_python's torch and Python."""
-    tool = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools", "test-against-upstream")
-    out = subprocess.run([tool, "--like", fork_python, "--venv"], stdout=subprocess.PIPE, text=True, check=True).stdout
-    return out.strip().splitlines()[-1]
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fork-python", default=sys.executable)
@@ -53,7 +50,7 @@ def main():
     parser.add_argument("--ops", nargs="+", default=["shm_comm", "fused_norm"], choices=sorted(LOADS))
     parser.add_argument("--json")
     args = parser.parse_args()
-    args.pristine_python = args.pristine_python or pristine_like(args.fork_python)
+    args.pristine_python = pristine_python(args.pristine_python, args.fork_python)
     rows = []
     for side, python in (("fork", args.fork_python), ("pristine", args.pristine_python)):
         for op in args.ops:

@@ -31,7 +31,6 @@ import argparse
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import tempfile
@@ -40,6 +39,9 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve()
+sys.path.insert(0, str(HERE.parents[1] / "tools"))
+
+from toolkit.ports import free_port  # noqa: E402
 
 # name -> (hidden, layers, intermediate, heads, vocab)
 LLAMA = {
@@ -155,12 +157,6 @@ def measured(command, ranks, env, log):
         "wall_s": round(time.time() - start, 1),
         "rank_peaks_gib": [round(p / 2**30, 2) for p in sampler.rank_peaks(ranks)]
     }
-
-
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def launcher(ranks, script_args):

@@ -25,7 +25,6 @@ Not a test: figures go to docs/evidence/performance.md.
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -34,6 +33,10 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve()
+sys.path.insert(0, str(HERE.parents[1] / "tools"))
+
+from toolkit.ports import free_port  # noqa: E402
+from toolkit.sides import pristine_python  # noqa: E402
 
 # hidden, layers, heads, vocab, context
 MODELS = {
@@ -226,12 +229,6 @@ def worker(args):
 # ---------------------------------------------------------------------------------------------- parent
 
 
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def launch(python, args, out, extensions_dir):
     launcher = Path(python).with_name("deepspeed")
     if not launcher.exists():
@@ -318,13 +315,6 @@ def parent(args):
         Path(args.json).write_text(json.dumps({"header": header, "rows": rows, "rounds": rounds}, indent=1) + "\n")
 
 
-def pristine_like(fork_python):
-    """The venv tools/test-against-upstream builds for pristine upstream on fork_python's torch and Python."""
-    tool = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools", "test-against-upstream")
-    out = subprocess.run([tool, "--like", fork_python, "--venv"], stdout=subprocess.PIPE, text=True, check=True).stdout
-    return out.strip().splitlines()[-1]
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -347,7 +337,7 @@ def main():
     if args.worker:
         return worker(args)
     # Only the parent needs pristine: a worker resolving it would build a venv on every launch.
-    args.pristine_python = args.pristine_python or pristine_like(args.fork_python)
+    args.pristine_python = pristine_python(args.pristine_python, args.fork_python)
     parent(args)
 
 

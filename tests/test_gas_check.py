@@ -80,6 +80,7 @@ CASES_READ_BY = {
     "test_bf16_muon_is_never_failed_for_rounding": ["zero2_bf16_muon_clip"],
     "test_small_buckets_reveal_a_bucket_bug": ["control_bucket_bug_needs_small_buckets"],
     "test_a_step_the_engine_skips_is_reported": ["control_inf_gradient_in_step_2"],
+    "test_each_split_is_gathered_in_one_collective": ["comparison_collectives"],
 }
 
 
@@ -183,6 +184,15 @@ def test_a_step_the_engine_skips_is_reported(launched):
     assert len(lines) == len(result["skipped"]), result["report"]
 
 
+@pytest.mark.fork_only
+def test_each_split_is_gathered_in_one_collective(launched):
+    """The comparison sums a split's numbers over the ranks once (0.19.8+gafix.3's checker, with the reference: 4
+    times per split in fp32, 5 in bf16 and fp16)."""
+    counts = launched.case("comparison_collectives")[0]
+    assert counts["with_reference"] == counts["splits"], counts
+    assert counts["without_reference"] == 2 * counts["splits"] - 1, counts
+
+
 def test_control_loss_times_world_is_caught_as_world_size(launched):
     rows = launched.case("control_multiplies_by_world")[0]
     for row in rows:
@@ -235,7 +245,6 @@ def test_user_pipeline_module_with_clipping(launched):
     assert_gas_invariant(launched, "pipe2_user_transformer_clip")
 
 
-@pytest.mark.fork_only
 @pytest.mark.fork_only  # pristine DeepSpeed has no loss_normalization
 @pytest.mark.parametrize("case", [
     pytest.param(case, marks=[pytest.mark.slow] if case in SLOW_CASES else []) for case in [

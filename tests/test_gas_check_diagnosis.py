@@ -8,6 +8,8 @@ Each case builds, per split, the update a buggy engine would produce from per-mi
 to ``diagnosis.explain``.
 """
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -125,7 +127,7 @@ def split_result(gas, update_error, compared_with="fp64 reference", **fields):
                        update_errors=[update_error],
                        update_factor=1.0,
                        norm_factor=1.0,
-                       tolerance=TOLERANCE,
+                       tolerance=fields.pop("tolerance", TOLERANCE),
                        compared_with=compared_with,
                        **fields)
 
@@ -140,12 +142,10 @@ def test_the_table_says_what_the_splits_were_compared_with():
 
 def test_the_table_says_when_the_models_rounding_raised_the_tolerance():
     from deepspeed.gafix.gas_check.check import format_results
-    raised = split_result(1, 1e-4, noise_floor=2e-5, tolerance_for_dtype=TOLERANCE, floor_factor=10)
-    raised.tolerance = 2e-4
+    raised = split_result(1, 1e-4, noise_floor=2e-5, tolerance_for_dtype=TOLERANCE, floor_factor=10, tolerance=2e-4)
     text = format_results([raised], "title")
     assert "tolerance: 2.0e-04, 10 x what rounding alone gives this model in plain PyTorch (up to 2.0e-05)" in text
-    capped = split_result(1, 1e-2, noise_floor=2e-2, tolerance_for_dtype=2e-2, floor_factor=3)
-    capped.tolerance = 5e-2
+    capped = split_result(1, 1e-2, noise_floor=2e-2, tolerance_for_dtype=2e-2, floor_factor=3, tolerance=5e-2)
     text = format_results([capped], "title")
     assert "3 x what rounding alone gives this model in plain PyTorch (up to 2.0e-02)" in text
     assert "the tolerance stays at 5e-02" in text
@@ -166,10 +166,7 @@ def test_bf16_accumulation_is_recognised_from_the_config():
 
 def bf16_splits(*errors):
     """Splits at GAS 1, 2, 4, 8, 16 with these step-1 update errors (bf16's tolerance, 2e-2)."""
-    results = [split_result(gas, error) for gas, error in zip((1, 2, 4, 8, 16), errors)]
-    for result in results:
-        result.tolerance = 2e-2
-    return results
+    return [split_result(gas, error, tolerance=2e-2) for gas, error in zip((1, 2, 4, 8, 16), errors)]
 
 
 def test_bf16_accumulation_is_named_when_only_accumulating_splits_fail():
@@ -219,7 +216,7 @@ def test_bf16_accumulation_note_leaves_out_a_split_compared_with_itself():
     growth with GAS."""
     from deepspeed.gafix.gas_check.accumulation import reading
     results = bf16_splits(0.0, 2.4e-3)
-    results[0].compared_with = "itself"
+    results[0] = dataclasses.replace(results[0], compared_with="itself")
     note, cause = reading(BF16, results)
     assert "GAS 1" not in note and "GAS 2: 2.4e-03" in note and "growing" not in note
     assert cause is None

@@ -117,7 +117,7 @@ def test_step_time_worker_needs_no_pristine(monkeypatch):
     step_time = importlib.util.module_from_spec(importlib.util.spec_from_loader("step_time", loader))
     loader.exec_module(step_time)
     ran = []
-    monkeypatch.setattr(step_time, "pristine_like", lambda fork: pytest.fail("the worker looked for pristine"))
+    monkeypatch.setattr(step_time, "pristine_python", lambda *sides: pytest.fail("the worker looked for pristine"))
     monkeypatch.setattr(step_time, "worker", lambda args: ran.append(args.configs))
     monkeypatch.setattr(sys, "argv", ["step_time.py", "--worker", "--out", "x.json", "--configs", "z2_bf16_gas1"])
     step_time.main()

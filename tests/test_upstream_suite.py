@@ -697,31 +697,32 @@ def test_patch_tests_are_read_back_from_the_diffs(tmp_path):
     test helpers), and refuses a patch that changes a test file an earlier patch added."""
     from upstream_suite.patch_tests import PatchTestError, patch_tests
     lines = ["# SPDX-License-Identifier: Apache-2.0", "", "def test_it():", "    assert '+1' != '-- '"]
-    first = tmp_path / "0002-Fix-one.patch"
+    first = tmp_path / "9002-Fix-one.patch"
     first.write_text("Subject: [PATCH] Fix one\n\n---\n" + _changed("deepspeed/runtime/engine.py") +
                      _created("tests/unit/runtime/test_one.py", lines) + _created("tests/unit/helper.py", ["x = 1"]) +
                      _created("tests/unit/test_two.py", ["x = 2"], newline_at_end=False))
     found = patch_tests([first])
-    assert [(t.number, t.path) for t in found] == [("0002", "unit/runtime/test_one.py"), ("0002", "unit/test_two.py")]
+    assert [(t.number, t.path) for t in found] == [("9002", "unit/runtime/test_one.py"), ("9002", "unit/test_two.py")]
     assert found[0].content == "\n".join(lines) + "\n" and found[1].content == "x = 2"
-    later = tmp_path / "0003-Fix-two.patch"
+    later = tmp_path / "9003-Fix-two.patch"
     later.write_text("Subject: [PATCH] Fix two\n\n---\n" + _changed("tests/unit/runtime/test_one.py"))
-    with pytest.raises(PatchTestError, match="0003-Fix-two.patch changes tests/unit/runtime/test_one.py"):
+    with pytest.raises(PatchTestError, match="9003-Fix-two.patch changes tests/unit/runtime/test_one.py"):
         patch_tests([first, later])
-    cut = tmp_path / "0004-Cut.patch"
+    cut = tmp_path / "9004-Cut.patch"
     cut.write_text("".join(_created("tests/unit/test_cut.py", lines).splitlines(keepends=True)[:-1]))
     with pytest.raises(PatchTestError, match="cut short"):
         patch_tests([cut])
 
 
 def test_every_patch_for_upstream_carries_a_test_that_compiles():
-    """The series' own tests as the tier reads them: one or more per patch but the fork's label (0001),
+    """The series' own tests as the tier reads them: one or more per patch but the fork's label,
     each valid Python in upstream's layout (tests/unit/..., a DistributedTest or a plain test)."""
+    from patch_facts import load as load_facts
     from upstream_suite.patch_tests import patch_tests
     series = (REPO / "patches" / "series").read_text().split()
     patches = [REPO / "patches" / name for name in series if name.endswith(".patch")]
     found = patch_tests(patches)
-    assert {t.number for t in found} == {p.name[:4] for p in patches} - {"0001"}
+    assert {t.number for t in found} == {p.name[:4] for p in patches} - load_facts().not_for_upstream()
     for test in found:
         assert test.path.startswith("unit/"), test.path
         compile(test.content, test.path, "exec")
@@ -745,11 +746,11 @@ def test_a_prefix_runs_its_own_package_and_fails_unless_every_test_of_its_patch_
     from upstream_suite.execute import child_environ
     from upstream_suite.patch_tests import PatchTest
     from upstream_suite.prefixes import Prefix, prefixes, side_of, verdict
-    bundles = [tmp_path / name for name in ("0001-Label", "0002-Fix-one", "0003-Fix-two")]
-    tests = [PatchTest("0002-Fix-one", "unit/test_one.py", ""), PatchTest("0003-Fix-two", "unit/test_two.py", "")]
-    found = prefixes(bundles, tests, not_for_upstream=("0001", ))
-    assert [(p.number, [t.path for t in p.tests]) for p in found] == [("0002", ["unit/test_one.py"]),
-                                                                      ("0003", ["unit/test_two.py"])]
+    bundles = [tmp_path / name for name in ("9001-Label", "9002-Fix-one", "9003-Fix-two")]
+    tests = [PatchTest("9002-Fix-one", "unit/test_one.py", ""), PatchTest("9003-Fix-two", "unit/test_two.py", "")]
+    found = prefixes(bundles, tests, not_for_upstream=("9001", ))
+    assert [(p.number, [t.path for t in p.tests]) for p in found] == [("9002", ["unit/test_one.py"]),
+                                                                      ("9003", ["unit/test_two.py"])]
     side = side_of(found[0], sys.executable, tmp_path / "site", tmp_path / "ext")
     env = child_environ(side, tmp_path / "events", 60, 8)
     assert env["PYTHONPATH"].split(os.pathsep)[0] == str(tmp_path / "site")
@@ -761,7 +762,7 @@ def test_a_prefix_runs_its_own_package_and_fails_unless_every_test_of_its_patch_
             recorded.record(test_id, outcome, "", 0.0, test_id.split("::")[0])
         return recorded
 
-    two = Prefix("0003", bundles[2], (tests[1], PatchTest("0003-Fix-two", "unit/test_three.py", "")))
+    two = Prefix("9003", bundles[2], (tests[1], PatchTest("9003-Fix-two", "unit/test_three.py", "")))
     passed = ("unit/test_two.py::test_a", "passed"), ("unit/test_three.py::test_b", "passed")
     assert verdict(two, outcomes(*passed))[1]
     assert not verdict(two, outcomes(passed[0], ("unit/test_three.py::test_b", "failed")))[1]
@@ -774,7 +775,7 @@ def test_a_patch_test_is_proven_only_when_pristine_fails_it_and_the_fork_passes_
     """The patch-tests tier's rule: a test that pristine passes proves nothing, a fork failure or a file that
     did not run on the fork is no proof either; the table tallies what each side did."""
     from upstream_suite.patch_tests import PatchTest, as_markdown, verdicts
-    test = PatchTest("0009-Fix", "unit/test_fix.py", "")
+    test = PatchTest("9009-Fix", "unit/test_fix.py", "")
 
     def side(*outcomes):
         return {f"unit/test_fix.py::t{i}": {"outcome": o, "unit": "unit/test_fix.py"} for i, o in enumerate(outcomes)}
@@ -788,5 +789,5 @@ def test_a_patch_test_is_proven_only_when_pristine_fails_it_and_the_fork_passes_
     assert not proven(side("failed"), side("passed", "failed"))
     assert not proven(side("failed"), {}), "not run on the fork"
     table = as_markdown(verdicts([test], side("passed", "passed", "passed"), side("failed", "failed", "passed")))
-    assert table.splitlines()[-1] == ("| 0009 | `tests/unit/test_fix.py` | 2 failed, 1 passed | 3 passed | "
+    assert table.splitlines()[-1] == ("| 9009 | `tests/unit/test_fix.py` | 2 failed, 1 passed | 3 passed | "
                                       "fails on pristine, passes on the fork |")

@@ -7,9 +7,9 @@
 - a ``Test:`` paragraph naming at least one test file that exists: ours (``tests/...py`` in this
   repository) or one the patch itself adds (``tests/unit/...py`` in upstream's tree);
 - a CHANGELOG.md entry naming it ("patch 0017", any case);
-- for a patch meant for upstream (all but NOT_FOR_UPSTREAM): its own upstream-style test, a
-  ``tests/unit/.../test_*.py`` file the patch adds and its ``Test:`` paragraph names, so that ``git am``
-  of the one patch brings fix and test (``tools/run-upstream-suite --tier patch-tests`` runs them).
+- for a patch meant for upstream (all but those patches/facts.toml marks "not for upstream"): its own
+  upstream-style test, a ``tests/unit/.../test_*.py`` file the patch adds and its ``Test:`` paragraph
+  names, so that ``git am`` of the one patch brings fix and test (``tools/run-upstream-suite --tier patch-tests`` runs them).
 """
 
 import re
@@ -17,8 +17,6 @@ from pathlib import Path
 
 _TEST_PATH = re.compile(r"\btests/[\w/.-]+\.py\b")
 _UPSTREAM_TEST = re.compile(r"^tests/unit/(?:[\w.-]+/)*test_[\w.-]+\.py$")
-# The fork's own label and ds_report section (docs/develop/patches.md): not a change for upstream.
-NOT_FOR_UPSTREAM = {"0001"}
 
 
 def message_of(patch_text):
@@ -44,8 +42,9 @@ def files_added(patch_text):
     return set(re.findall(r"^\+\+\+ b/(\S+)$", patch_text, flags=re.MULTILINE))
 
 
-def problems(patch_path, repo, changelog_text):
-    """What ``patch_path`` lacks, as sentences naming the patch (empty when it carries everything)."""
+def problems(patch_path, repo, changelog_text, not_for_upstream=()):
+    """What ``patch_path`` lacks, as sentences naming the patch (empty when it carries everything).
+    ``not_for_upstream``: the numbers of the fork's own patches (patches/facts.toml), which need no upstream test."""
     patch_path = Path(patch_path)
     text = patch_path.read_text()
     message = message_of(text)
@@ -59,7 +58,7 @@ def problems(patch_path, repo, changelog_text):
         found.append(f"{patch_path.name}: its message names no existing test file in a 'Test:' paragraph "
                      f"(named: {', '.join(named) or 'none'})")
     own = [path for path in named if _UPSTREAM_TEST.match(path) and path in files_added(text)]
-    if number not in NOT_FOR_UPSTREAM and not own:
+    if number not in not_for_upstream and not own:
         found.append(f"{patch_path.name}: it adds no upstream-style test of its own (a tests/unit/.../test_*.py "
                      "file named in its 'Test:' paragraph)")
     if not re.search(rf"\bpatch(es)? [0-9, and]*\b{number}\b", changelog_text, flags=re.IGNORECASE):

@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -33,77 +32,12 @@ from gafix_build import BuildError, Pin, load_pin, obtain_sdist, read_series  # 
 from gafix_build.pin import PIN_FILE  # noqa: E402
 from gafix_build.sdist import extract_sdist  # noqa: E402
 from gafix_build.series import SERIES_FILE  # noqa: E402
+from patch_facts import load as load_facts  # noqa: E402
 from patch_rules import problems as patch_problems  # noqa: E402
+from patch_tree import BASE_TAG, BRANCH, FORMAT_CONFIG, commit_upstream, committer, git, materialise  # noqa: E402
 
-BASE_TAG = "gafix-base"
-BRANCH = "gafix"
 DEFAULT_TREE = REPO / "build" / "patch-tree"
 SERIES_HEADER = "# Applied in this order by setup.py; edit with tools/patches.py (docs/develop/patches.md).\n"
-# Fixed so that the same series always materialises to the same commits, whoever runs it.
-_UPSTREAM_IDENTITY = {
-    "GIT_AUTHOR_NAME": "DeepSpeed upstream",
-    "GIT_AUTHOR_EMAIL": "upstream@deepspeed.invalid",
-    "GIT_COMMITTER_NAME": "deepspeed-gafix patches tool",
-    "GIT_COMMITTER_EMAIL": "patches@deepspeed-gafix.invalid",
-    "GIT_AUTHOR_DATE": "1970-01-01T00:00:00+0000",
-    "GIT_COMMITTER_DATE": "1970-01-01T00:00:00+0000",
-}
-# Settings that change format-patch output; pinned so that export does not depend on ~/.gitconfig.
-_FORMAT_CONFIG = [
-    "-c", "diff.noprefix=false", "-c", "diff.mnemonicPrefix=false", "-c", "diff.renames=false", "-c",
-    "format.numbered=false", "-c", "format.signature=", "-c", "core.quotePath=true", "-c", "format.coverLetter=false"
-]
-
-
-def git(tree, *args, env=None, check=True):
-    full_env = dict(os.environ)
-    full_env["GIT_CEILING_DIRECTORIES"] = str(Path(tree).resolve().parent)
-    full_env.update(env or {})
-    proc = subprocess.run(["git", *args],
-                          cwd=tree,
-                          env=full_env,
-                          stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE,
-                          text=True)
-    if check and proc.returncode != 0:
-        raise BuildError(f"git {' '.join(args[:2])} in {tree} failed: {proc.stderr.strip() or proc.stdout.strip()}")
-    return proc
-
-
-def commit_upstream(tree, pin, message_extra=""):
-    """Commit the whole tree as the pristine upstream release."""
-    git(tree, "add", "-A", "-f")
-    message = f"deepspeed {pin.version} (upstream sdist, sha256 {pin.sha256}){message_extra}"
-    git(tree, "commit", "-q", "--allow-empty", "--no-verify", "-m", message, env=_UPSTREAM_IDENTITY)
-
-
-def apply_mbox(tree, patch_path):
-    """``git am`` one format-patch or PR bundle mbox on ``tree``, as the series is applied; the process result."""
-    return git(tree, "am", "-q", "--keep-cr", "--whitespace=nowarn", str(patch_path), env=_committer(), check=False)
-
-
-def materialise(tree, repo=REPO, environ=os.environ):
-    tree = Path(tree).resolve()
-    if tree.exists():
-        raise BuildError(f"{tree} exists: remove it or pass another --dir")
-    pin = load_pin(repo)
-    patches = read_series(repo)
-    sdist = obtain_sdist(pin, environ)
-    tree.parent.mkdir(parents=True, exist_ok=True)
-    extract_sdist(sdist, tree)
-    git(tree, "init", "-q", "-b", BRANCH)
-    commit_upstream(tree, pin)
-    git(tree, "tag", BASE_TAG)
-    for patch in patches:
-        proc = apply_mbox(tree, patch.path)
-        if proc.returncode != 0:
-            git(tree, "am", "--abort", check=False)
-            raise BuildError(f"patches/{patch.name} does not apply with git am: {proc.stderr.strip().splitlines()[0]}")
-    return tree
-
-
-def _committer():
-    return {k: v for k, v in _UPSTREAM_IDENTITY.items() if k.startswith("GIT_COMMITTER")}
 
 
 def export(tree, patches_dir):
@@ -111,7 +45,7 @@ def export(tree, patches_dir):
     tree = Path(tree).resolve()
     patches_dir = Path(patches_dir)
     with tempfile.TemporaryDirectory() as tmp:
-        git(tree, *_FORMAT_CONFIG, "format-patch", "-q", "--zero-commit", "--no-signature", "--full-index",
+        git(tree, *FORMAT_CONFIG, "format-patch", "-q", "--zero-commit", "--no-signature", "--full-index",
             "--no-numbered", "--no-renames", "-o", tmp, f"{BASE_TAG}..HEAD")
         names = sorted(os.listdir(tmp))
         patches_dir.mkdir(parents=True, exist_ok=True)
@@ -123,6 +57,11 @@ def export(tree, patches_dir):
     return names
 
 
+def _exported_names(folder):
+    """What export writes: the patches and the series (patches/facts.toml is written by hand)."""
+    return {path.name for path in Path(folder).iterdir() if path.suffix == ".patch" or path.name == "series"}
+
+
 def check(repo=REPO):
     """Materialise and export into scratch space; return the differences from the committed patches/."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -130,7 +69,7 @@ def check(repo=REPO):
         exported = Path(tmp) / "patches"
         export(tree, exported)
         committed = Path(repo) / "patches"
-        names = sorted({p.name for p in exported.iterdir()} | {p.name for p in committed.iterdir()})
+        names = sorted(_exported_names(exported) | _exported_names(committed))
         return [
             name for name in names if not (exported / name).is_file() or not (committed / name).is_file() or (
                 exported / name).read_bytes() != (committed / name).read_bytes()
@@ -138,9 +77,17 @@ def check(repo=REPO):
 
 
 def rule_problems(repo=REPO):
-    """What each patch of the series lacks to go upstream (tools/patch_rules.py), in series order."""
+    """What each patch of the series lacks to go upstream (tools/patch_rules.py), in series order, after what is
+    wrong in patches/facts.toml against the series (tools/patch_facts.py)."""
+    try:
+        not_for_upstream = load_facts(repo).not_for_upstream()
+    except ValueError as err:
+        return str(err).splitlines()
     changelog = (Path(repo) / "CHANGELOG.md").read_text()
-    return [problem for patch in read_series(repo) for problem in patch_problems(patch.path, repo, changelog)]
+    return [
+        problem for patch in read_series(repo)
+        for problem in patch_problems(patch.path, repo, changelog, not_for_upstream)
+    ]
 
 
 def replay_report(tree, new_base, commits, names):
@@ -153,7 +100,7 @@ def replay_report(tree, new_base, commits, names):
         git(tree, "worktree", "add", "-q", "--detach", str(scratch), new_base)
         try:
             for name, commit in zip(names, commits):
-                proc = git(scratch, "cherry-pick", "--no-commit", commit, env=_committer(), check=False)
+                proc = git(scratch, "cherry-pick", "--no-commit", commit, env=committer(), check=False)
                 if proc.returncode != 0:
                     files = git(scratch, "diff", "--name-only", "--diff-filter=U").stdout.split()
                     git(scratch, "reset", "-q", "--hard", "HEAD")
@@ -161,7 +108,7 @@ def replay_report(tree, new_base, commits, names):
                 elif git(scratch, "diff", "--cached", "--quiet", check=False).returncode == 0:
                     report.append((name, "already upstream", []))
                 else:
-                    git(scratch, "commit", "-q", "--no-verify", "-C", commit, env=_committer())
+                    git(scratch, "commit", "-q", "--no-verify", "-C", commit, env=committer())
                     report.append((name, "applied", []))
         finally:
             git(tree, "worktree", "remove", "--force", str(scratch), check=False)
@@ -191,7 +138,7 @@ def rebase(tree, version, sha256, repo=REPO):
     commits = git(tree, "rev-list", "--reverse", f"{old_base}..{BRANCH}").stdout.split()
     names = git(tree, "log", "--reverse", "--format=%s", f"{old_base}..{BRANCH}").stdout.splitlines()
     report = replay_report(tree, new_base, commits, names)
-    proc = git(tree, "rebase", "-q", "--onto", new_base, old_base, BRANCH, env=_committer(), check=False)
+    proc = git(tree, "rebase", "-q", "--onto", new_base, old_base, BRANCH, env=committer(), check=False)
     (Path(repo) / PIN_FILE).write_text(
         json.dumps({
             "package": new_pin.package,
@@ -232,7 +179,7 @@ def main(argv=None):
                 return 1
             print(f"{SERIES_FILE} is up to date: materialise+export reproduces patches/ byte for byte; every "
                   "patch is signed off, names its test and has a CHANGELOG entry, and each for upstream adds its own "
-                  "test under tests/unit")
+                  "test under tests/unit; patches/facts.toml holds every patch's facts")
         elif args.command == "export-prs":
             from pr_bundles import export_prs
             bundles = export_prs(args.out_dir)

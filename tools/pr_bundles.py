@@ -23,34 +23,31 @@ sys.path.insert(0, str(REPO))
 
 from gafix_build import BuildError, load_pin, read_series  # noqa: E402
 from gafix_build.assemble import _mirror_of, overlay_files  # noqa: E402
+from patch_facts import FACTS_FILE, load as load_facts  # noqa: E402
+from patch_tree import BASE_TAG, BRANCH, FORMAT_CONFIG, committer, git, materialise  # noqa: E402
 
-# Patch number -> overlay paths (files, or directories ending in "/") it carries upstream.
-OVERLAY_WITH = {
-    "0007": ("csrc/fused_norm/", "op_builder/fused_norm.py", "op_builder/cpu/fused_norm.py"),
-    "0008": ("deepspeed/ops/fused_norm/", ),
-}
 # The fork's own files: ds_gas_check and the build report stay out of every PR.
 FORK_ONLY = ("deepspeed/gafix/", )
-# Patches that are the fork's own (its version label): bundled so the series stays whole, marked.
-NOT_FOR_UPSTREAM = ("0001", )
 
 
 def _matches(path, prefixes):
     return any(path == prefix or (prefix.endswith("/") and path.startswith(prefix)) for prefix in prefixes)
 
 
-def assign_overlay(files):
-    """``{patch number: [overlay files]}``; BuildError naming any file that belongs nowhere."""
+def assign_overlay(files, repo=REPO):
+    """``{patch number: [overlay files]}`` (patches/facts.toml's overlay); BuildError naming any file that belongs
+    nowhere."""
+    overlay_with = load_facts(repo).overlay()
     assigned, unplaced = {}, []
     for path in files:
-        owner = next((number for number, prefixes in OVERLAY_WITH.items() if _matches(path, prefixes)), None)
+        owner = next((number for number, prefixes in overlay_with.items() if _matches(path, prefixes)), None)
         if owner is not None:
             assigned.setdefault(owner, []).append(path)
         elif not _matches(path, FORK_ONLY):
             unplaced.append(path)
     if unplaced:
-        raise BuildError(f"overlay files in no PR bundle: {', '.join(unplaced)}; assign each to a patch in "
-                         "tools/pr_bundles.py OVERLAY_WITH, or list it in FORK_ONLY")
+        raise BuildError(f"overlay files in no PR bundle: {', '.join(unplaced)}; give each to a patch (its overlay in "
+                         f"{FACTS_FILE}), or list it in tools/pr_bundles.py FORK_ONLY")
     return assigned
 
 
@@ -80,10 +77,10 @@ def _copy(source, target):
 
 def export_prs(out_dir, repo=REPO):
     """Write one bundle per patch of the series into ``out_dir``; return the bundle directories."""
-    from patches import BASE_TAG, BRANCH, _FORMAT_CONFIG, _committer, git, materialise
     out_dir = Path(out_dir)
     patches = read_series(repo)
-    assigned = assign_overlay(overlay_files(repo))
+    assigned = assign_overlay(overlay_files(repo), repo)
+    not_for_upstream = load_facts(repo).not_for_upstream()
     version = load_pin(repo).version
     bundles = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -91,7 +88,7 @@ def export_prs(out_dir, repo=REPO):
         commits = git(tree, "rev-list", "--reverse", f"{BASE_TAG}..{BRANCH}").stdout.split()
         git(tree, "checkout", "-q", "-b", "prs", BASE_TAG)
         for patch, commit in zip(patches, commits):
-            git(tree, "cherry-pick", "--allow-empty", commit, env=_committer())
+            git(tree, "cherry-pick", "--allow-empty", commit, env=committer())
             added = assigned.get(patch.name[:4], [])
             for rel in added:
                 _copy(Path(repo) / rel, tree / rel)
@@ -102,17 +99,17 @@ def export_prs(out_dir, repo=REPO):
                     _copy(tree / rel, tree / _mirror_of(rel))
             git(tree, "add", "-A", "-f")
             if git(tree, "diff", "--cached", "--quiet", check=False).returncode != 0:
-                git(tree, "commit", "-q", "--amend", "--no-edit", "--no-verify", env=_committer())
+                git(tree, "commit", "-q", "--amend", "--no-edit", "--no-verify", env=committer())
             bundle = out_dir / patch.path.stem
             if bundle.exists():
                 shutil.rmtree(bundle)
             bundle.mkdir(parents=True)
-            mbox = git(tree, *_FORMAT_CONFIG, "format-patch", "-1", "--stdout", "--zero-commit", "--no-signature",
+            mbox = git(tree, *FORMAT_CONFIG, "format-patch", "-1", "--stdout", "--zero-commit", "--no-signature",
                        "--full-index", "--no-numbered", "--no-renames", "HEAD").stdout
             (bundle / "pr.mbox").write_text(mbox)
             files = git(tree, "show", "--name-only", "--format=", "HEAD").stdout.split()
             text = description(mbox, patch.subject, files, added, version)
-            if patch.name[:4] in NOT_FOR_UPSTREAM:
+            if patch.name[:4] in not_for_upstream:
                 text = text.replace(
                     "\n", "\n\n**Not for upstream**: the fork's own label; later bundles apply "
                     "without it only where they touch none of its lines.\n", 1)

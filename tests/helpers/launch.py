@@ -13,12 +13,17 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from helpers.repo import REPO
+
+sys.path.insert(0, str(REPO / "tools"))
+
+from toolkit.ports import free_port  # noqa: E402
 
 EXTENSIONS_DIR_VAR = "DS_GAFIX_TEST_EXTENSIONS_DIR"
 SHM_BUFFER_GLOB = "/dev/shm/deepspeed_allreduce_buffer_*_{port}_*"
@@ -26,12 +31,6 @@ SHM_BUFFER_GLOB = "/dev/shm/deepspeed_allreduce_buffer_*_{port}_*"
 
 class LaunchError(AssertionError):
     """The launch failed as a whole: non-zero exit, timeout, or a rank that wrote no results."""
-
-
-def free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def launcher_path():

@@ -284,6 +284,27 @@ def inf_gradient_in_step_2():
 
 
 CASES["control_inf_gradient_in_step_2"] = inf_gradient_in_step_2
+
+
+def comparison_collectives():
+    """How many collectives the comparison itself makes (the engine's own not counted): with the reference, one per
+    split; without it, one per split and one more for each split compared with the first (are their initial
+    weights the same object's?)."""
+    import importlib
+    comparison = importlib.import_module(gas_check.__name__ + ".comparison")
+    original, calls = comparison.sum_over_ranks, []
+    comparison.sum_over_ranks = lambda values: calls.append(len(values)) or original(values)
+    try:
+        splits = len(check(CONFIGS["zero1_fp32"]))
+        with_reference = len(calls)
+        calls.clear()
+        check(CONFIGS["zero1_fp32"], reference=False)
+        return {"splits": splits, "with_reference": with_reference, "without_reference": len(calls)}
+    finally:
+        comparison.sum_over_ranks = original
+
+
+CASES["comparison_collectives"] = comparison_collectives
 CASES["zero2_fp32_small_buckets"] = lambda: check(zero(2, gradient_clipping=0.5, **SGD), small_buckets=True)
 CASES["zero3_fp32_small_buckets"] = lambda: check(zero(3, gradient_clipping=0.5, **SGD), small_buckets=True)
 CASES["zero2_fp32_caller_divides"] = lambda: with_backward(divides_itself, CONFIGS["zero2_fp32"])

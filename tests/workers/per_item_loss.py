@@ -21,7 +21,7 @@ import torch  # noqa: E402
 
 import deepspeed  # noqa: E402
 import deepspeed.comm as dist  # noqa: E402
-from deepspeed.gafix.gas_check.check import master_weights  # noqa: E402 (fp32 master weights of any engine path)
+from helpers.master_weights import master_weights  # noqa: E402 (fp32 master weights of any engine path)
 from helpers.collectives import CollectiveCounter  # noqa: E402
 from helpers.rank_cases import run_cases  # noqa: E402
 from helpers.small_model import IN, OUT, make_layers, sgd_config  # noqa: E402

@@ -35,6 +35,7 @@ from upstream_suite import (baseline, console_scripts, held_files, patch_tests, 
 from upstream_suite.classify import REGRESSION, compare
 from upstream_suite.execute import Side, Unit, run_unit
 from upstream_suite.outcomes import OutcomeMismatch, SideOutcomes
+from toolkit import sides
 
 REPO = Path(__file__).resolve().parent.parent.parent
 TESTS_VAR = "DS_GAFIX_UPSTREAM_TESTS"
@@ -91,16 +92,11 @@ def side_identity(identity, info, package_dir):
 
 
 def pristine_python(given, fork_python):
-    """The pristine interpreter: the one given, or the venv on the fork's torch and Python."""
-    if given:
-        return given
-    proc = subprocess.run([str(REPO / "tools" / "test-against-upstream"), "--like", fork_python, "--venv"],
-                          stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE,
-                          text=True)
-    if proc.returncode != 0:
-        raise SetupError(f"tools/test-against-upstream --venv failed: {proc.stderr.strip()[-500:]}")
-    return proc.stdout.strip().splitlines()[-1]
+    """The pristine interpreter: the one given, or the venv on the fork's torch and Python (toolkit.sides)."""
+    try:
+        return sides.pristine_python(given, fork_python)
+    except sides.PristineNotFound as err:
+        raise SetupError(str(err)) from err
 
 
 def scratch_copy(tests_dir, work_dir, side_name, package_dir, tests_sha256, added=(), copy=0):
@@ -405,8 +401,9 @@ def run_prefixes(args, tests_dir, work_dir, results_dir, tests_sha256, added, pi
     patch k's own test on that tree, with the pristine interpreter."""
     sys.path[:0] = [str(REPO), str(REPO / "tools")]
     from gafix_build import BuildError
-    from patches import BASE_TAG, apply_mbox, git, materialise
-    from pr_bundles import NOT_FOR_UPSTREAM, export_prs
+    from patch_tree import BASE_TAG, apply_mbox, git, materialise
+    from patch_facts import load as load_facts
+    from pr_bundles import export_prs
 
     python = os.path.abspath(pristine_python(args.pristine_python, args.fork_python))
     info = describe_python(python)
@@ -422,7 +419,7 @@ def run_prefixes(args, tests_dir, work_dir, results_dir, tests_sha256, added, pi
         raise SetupError(f"the PR bundles or the pristine tree could not be made: {err}") from err
     git(tree, "checkout", "-q", "--detach", BASE_TAG)
     extensions = Path(args.fork_extensions_dir or work_dir / "torch_extensions-prefixes").resolve()
-    wanted = {prefix.number: prefix for prefix in prefixes.prefixes(bundles, added, NOT_FOR_UPSTREAM)}
+    wanted = {prefix.number: prefix for prefix in prefixes.prefixes(bundles, added, load_facts().not_for_upstream())}
     echo, rows = printer(args.quiet), []
     for index, bundle in enumerate(bundles):
         proc = apply_mbox(tree, bundle / "pr.mbox")

@@ -243,11 +243,17 @@ def workload_factories(args):
     if not args.data:
         return make_model, None, None
     factory = load_factory(args.data, "--data")
+    sized = "global_batch_size" in inspect.signature(factory).parameters
+    built = {}
 
     def data(steps, size):
-        return call_data_factory(factory, steps, size)
+        # A factory of its own batch size is called once: its size sets the default splits, then it is trained.
+        key = (steps, size) if sized else steps
+        if key not in built:
+            built[key] = call_data_factory(factory, steps, size)
+        return built[key]
 
-    data.sized = "global_batch_size" in inspect.signature(factory).parameters
+    data.sized = sized
     return make_model, data, loss_fn
 
 
@@ -281,8 +287,8 @@ def main(argv=None):
 
     import deepspeed
     import deepspeed.comm as dist
-    from .accumulation import reading as bf16_accumulation_reading
-    from .check import DEFAULT_SPLITS, check_gas_invariance, config_dtype, format_results
+    from .check import DEFAULT_SPLITS, config_dtype, make_plan, run_check
+    from .formatting import format_results
     from .progress import Progress
     deepspeed.init_distributed()
     try:
@@ -292,24 +298,13 @@ def main(argv=None):
                 splits = (fixed_data_splits(data, args.steps, dist.get_world_size(), args.pipeline_stages)
                           if args.data and not data.sized else list(DEFAULT_SPLITS))
             progress = Progress(len(splits), enabled=rank0 and not args.quiet)
-            results = check_gas_invariance(config,
-                                           make_model,
-                                           splits,
-                                           args.steps,
-                                           args.pipeline_stages,
-                                           args.loop,
-                                           data=data,
-                                           loss_fn=loss_fn,
-                                           reference=args.reference,
-                                           progress=progress,
-                                           items=args.items,
-                                           small_buckets=args.small_buckets)
+            check = run_check(
+                make_plan(config, make_model, splits, args.steps, args.pipeline_stages, args.loop, data, loss_fn,
+                          args.reference, progress, args.items, args.small_buckets))
         except ValueError as err:
             print(f"ds_gas_check: error: {err}", file=sys.stderr)
             return 2
-        accumulation_note, _ = bf16_accumulation_reading(config, results)
-        if accumulation_note:
-            notes.append(accumulation_note)
+        results, notes = check.results, notes + check.notes
         if rank0:
             zero = config.get("zero_optimization", {}).get("stage", 0)
             what = (f"model {args.hf_model or args.model}, " if args.hf_model or args.model else "")

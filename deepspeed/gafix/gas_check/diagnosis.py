@@ -101,3 +101,54 @@ def describe(cause, observation, loss_scale=None):
 def no_known_cause(observations):
     numbers = ", ".join(f"GAS {o.gas}: x{o.factor:.4g} (residual {o.residual(o.factor):.1e})" for o in observations)
     return f"no known cause: the step-1 update factors do not fit one mistake on every split ({numbers})"
+
+
+def diagnose(results, loss_scale, clip):
+    """Per split, the lines of its diagnosis (none for a split that passed or is unresolved): a cause only when it
+    explains every split."""
+    diagnoses = [[] for _ in results]
+    if all(r.passed for r in results):
+        return diagnoses
+    tol = max(r.tolerance for r in results)
+    updates = [Observation(r.gas, r.world, *r.update_sums) for r in results]
+    update_causes = explain(updates, tol, loss_scale)
+    norms_reported = not any(math.isnan(r.norm_factor) for r in results)
+    norms = [Observation(r.gas, r.world, r.norm_factor, 1.0, r.norm_factor**2) for r in results]
+    norm_causes = explain(norms, tol, loss_scale) if norms_reported else []
+    update_wrong = not all(r.updates_ok for r in results)
+    norm_wrong = norms_reported and any(r.norm_error > r.tolerance for r in results)
+    norm_wrong_at_step_1 = norms_reported and any(abs(r.norm_factor - 1) > r.tolerance for r in results)
+    for result, update, norm, lines in zip(results, updates, norms, diagnoses):
+        if result.passed or result.unresolved:
+            continue
+        if update_wrong:
+            lines += [describe(cause, update, loss_scale) for cause in update_causes] or [no_known_cause(updates)]
+        if norm_wrong and not norm_wrong_at_step_1:
+            lines.append("reported grad norm: right at step 1; it differs later because the weights do"
+                         if update_wrong else "reported grad norm: right at step 1, wrong after it")
+        elif norm_wrong:
+            factors = ", ".join(f"GAS {r.gas}: x{r.norm_factor:.4g}" for r in results)
+            lines += [
+                "reported grad norm: " + describe(cause, norm, loss_scale).replace("update x", "norm x")
+                for cause in norm_causes
+            ] or [f"reported grad norm: no known cause ({factors})"]
+        spread = [f for f in result.rank_factors if not math.isnan(f)]
+        if spread and max(spread) - min(spread) > 0.03 * max(abs(f) for f in spread):
+            lines.append("update factor differs between ranks (per pipeline stage?): " +
+                         ", ".join(f"rank {r} x{f:.4g}" for r, f in enumerate(result.rank_factors)))
+        if clip > 0 and update_wrong and not update_causes:
+            lines.append(clipping_reading(clip, [r.update_factor for r in results]))
+    return diagnoses
+
+
+def clipping_reading(clip, factors):
+    """What an unexplained update factor says when gradient clipping is active."""
+    text = f"gradient clipping is active ({clip:g}): it hides a scaled gradient's factor (check with gradient_clipping 0)"
+    if all(f > 1 + MATCH for f in factors):
+        return text + ("; updates larger than expected on every split mean a clip coefficient too large: the norm "
+                       "it used may be smaller than the gradient's (a norm that misses part of the model: a pipeline "
+                       "stage, experts, a rank's partition)")
+    if all(f < 1 - MATCH for f in factors):
+        return text + ("; updates smaller than expected on every split mean a clip coefficient too small: the norm "
+                       "it used may be larger than the gradient's")
+    return text

@@ -26,7 +26,7 @@ from deepspeed.accelerator import get_accelerator
 from deepspeed.utils import safe_get_local_fp32_param
 
 
-def _low_to_master(optimizer):
+def low_to_master(optimizer):
     """fp16 without ZeRO keeps fp32 copies beside the fp16 parameters: FP16_UnfusedOptimizer one per
     parameter, FP16_Optimizer (fused optimizers) one flat buffer per group."""
     masters = {}
@@ -65,7 +65,7 @@ def owned_masters(engine, dp_rank, dp_world):
             local = param._hp_mapping.get_hp_fragment().flatten()
         else:
             if masters is None:
-                masters = _low_to_master(engine.optimizer)
+                masters = low_to_master(engine.optimizer)
             start, stop = share(param.numel(), dp_rank, dp_world)
             if stop <= start:
                 continue

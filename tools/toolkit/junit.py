@@ -1,0 +1,31 @@
+# SPDX-License-Identifier: Apache-2.0
+
+# DeepSpeed Team
+"""pytest's JUnit XML, read once: each test case with one outcome word (passed, failed, error, skipped)."""
+
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+
+OUTCOMES = ("passed", "failed", "error", "skipped")
+
+
+@dataclass(frozen=True)
+class Case:
+    classname: str
+    name: str
+    outcome: str  # one of OUTCOMES: a failure or an error outranks a skip
+    message: str  # the failure's, error's or skip's message ("" when it passed)
+
+
+def cases(path):
+    """Every test case of a JUnit XML file, in file order."""
+    found = []
+    for case in ET.parse(path).getroot().iter("testcase"):
+        outcome, message = "passed", ""
+        for child in case:
+            if child.tag in ("failure", "error"):
+                outcome, message = ("failed" if child.tag == "failure" else "error"), child.get("message") or ""
+            elif child.tag == "skipped" and outcome == "passed":
+                outcome, message = "skipped", child.get("message") or ""
+        found.append(Case(case.get("classname", ""), case.get("name"), outcome, message))
+    return found
