@@ -140,6 +140,10 @@ def parse_args(argv=None):
         help="ZeRO bucket, prefetch and optimizer sub-group sizes scaled to the model, so that a small "
         "model spans several, as a large one does (replaces the config's own)")
     parser.add_argument("--ranks", type=int, default=1, help="ranks to launch when not under a launcher")
+    parser.add_argument("--preflight",
+                        action="store_true",
+                        help="only check the config as the engine parses it (unknown or misspelled keys, values "
+                        "the engine refuses, \"auto\" values), without training: exit 0, or 2 with one line each")
     parser.add_argument("--json", help="also write the results to this JSON file (rank 0)")
     parser.add_argument("--plot", metavar="FILE.png", help="draw loss, grad norm and update error per step (rank 0)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
@@ -189,6 +193,29 @@ def load_config(path, optimizer):
     return config, notes
 
 
+PREFLIGHT_DONE = "DS_GAS_CHECK_PREFLIGHT_DONE"
+
+
+def run_preflight(config, splits, world, args):
+    """The pre-flight (preflight.py) on ``world`` ranks: None to go on, else the exit status (2 on an error;
+    with --preflight, 0 when there is none). Its notes are printed first."""
+    from .check import DEFAULT_SPLITS
+    from .preflight import engine_paths, preflight
+    found = preflight(config, splits or list(DEFAULT_SPLITS), world, args.pipeline_stages)
+    rank0 = os.environ.get("RANK", "0") == "0"
+    if rank0:
+        for error in found.errors:
+            print(f"ds_gas_check: error: {error}", file=sys.stderr)
+    if found.errors:
+        return 2
+    head = [f"ds_gas_check --preflight: {args.config}: {engine_paths(config)}: the engine accepts it"
+            ] if args.preflight else []
+    lines = head + [f"note: {note}" for note in found.notes]
+    if rank0 and lines:
+        print("\n".join(lines), flush=True)
+    return 0 if args.preflight else None
+
+
 def under_launcher():
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
@@ -207,7 +234,7 @@ def relaunch(argv, ranks):
         str(ranks), "--no_local_rank", "--master_port",
         str(free_port()), "--module", "deepspeed.gafix.gas_check", *args
     ]
-    return subprocess.call(cmd)
+    return subprocess.call(cmd, env=dict(os.environ, **{PREFLIGHT_DONE: "1"}))
 
 
 def single_process_env():
@@ -280,6 +307,12 @@ def main(argv=None):
     except ValueError as err:
         print(f"ds_gas_check: error: {err}", file=sys.stderr)
         return 2
+    # Before any rank starts (once: the launched ranks skip it), what the engine would refuse is refused here.
+    if os.environ.get(PREFLIGHT_DONE) != "1":
+        world = int(os.environ["WORLD_SIZE"]) if under_launcher() else args.ranks
+        verdict = run_preflight(config, splits or None, world, args)
+        if verdict is not None:
+            return verdict
     if not under_launcher():
         if args.ranks > 1:
             return relaunch(argv, args.ranks)
@@ -288,7 +321,9 @@ def main(argv=None):
     import deepspeed
     import deepspeed.comm as dist
     from .check import DEFAULT_SPLITS, config_dtype, make_plan, run_check
+    from deepspeed.runtime.config import DeepSpeedConfigError
     from .formatting import format_results
+    from .preflight import one_line
     from .progress import Progress
     deepspeed.init_distributed()
     try:
@@ -301,8 +336,11 @@ def main(argv=None):
             check = run_check(
                 make_plan(config, make_model, splits, args.steps, args.pipeline_stages, args.loop, data, loss_fn,
                           args.reference, progress, args.items, args.small_buckets))
-        except ValueError as err:
-            print(f"ds_gas_check: error: {err}", file=sys.stderr)
+        except (ValueError, DeepSpeedConfigError) as err:
+            # Bad input, or a config the engine refuses only once it builds the model or the optimizer: every rank
+            # raises the same; one line says it.
+            if rank0:
+                print(f"ds_gas_check: error: {one_line(err)}", file=sys.stderr)
             return 2
         results, notes = check.results, notes + check.notes
         if rank0:

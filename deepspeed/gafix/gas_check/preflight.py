@@ -1,0 +1,134 @@
+# SPDX-License-Identifier: Apache-2.0
+
+# DeepSpeed Team
+"""The pre-flight: what ``deepspeed.initialize`` would refuse, refused before any rank starts, with the engine's own
+reason; every key the engine does not read, named with the nearest one it does.
+
+Run by ``ds_gas_check`` before it launches (``--preflight``: only this). A refusal is bad input (exit status 2,
+one line each); an unknown key with a near known one is taken for a misspelling and refused too (DeepSpeed
+ignores it, so the check would test another config than the one meant); an unknown key with none near is a note.
+"""
+
+import copy
+import difflib
+import functools
+from dataclasses import dataclass, field
+
+BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+# Sections whose keys are free (an optimizer's or scheduler's own arguments): not checked below them.
+FREE = ("optimizer.params", "scheduler.params")
+SIMILAR = 0.75  # difflib's ratio from which an unknown key is taken for a misspelling of a known one
+
+
+@dataclass
+class Preflight:
+    errors: list = field(default_factory=list)  # one line each: exit status 2
+    notes: list = field(default_factory=list)
+
+
+def unknown_keys(config, known, prefix=""):
+    """``[(dotted key, nearest known key or None)]`` for every key of ``config`` the engine does not read, at any
+    depth (below a known key only where the engine reads keys under it)."""
+    found = []
+    children = sorted({key[len(prefix):].split(".", 1)[0] for key in known if key.startswith(prefix)})
+    if not children:  # a key whose value the engine takes whole
+        return found
+    for key, value in config.items():
+        path = prefix + str(key)
+        if path in FREE:
+            continue
+        if key in children:
+            if isinstance(value, dict):
+                found += unknown_keys(value, known, path + ".")
+            continue
+        near = difflib.get_close_matches(str(key), children, n=1, cutoff=SIMILAR)
+        found.append((path, prefix + near[0] if near else None))
+    return found
+
+
+def auto_values(config, prefix=""):
+    """Dotted keys whose value is "auto": a Hugging Face Trainer or accelerate fills them from its own arguments."""
+    found = []
+    for key, value in config.items():
+        if isinstance(value, dict):
+            found += auto_values(value, prefix + f"{key}.")
+        elif value == "auto":
+            found.append(prefix + str(key))
+    return found
+
+
+def engine_refusal(config, world):
+    """The engine's reason for refusing ``config`` on ``world`` data-parallel ranks, in one line; None if it
+    parses. What ``DeepSpeedConfig`` checks, the config models included; not what the engine finds later (the
+    optimizer's construction, the model)."""
+    from deepspeed.gafix.config_surface import parsing_as_rank_0_of
+    from deepspeed.runtime.config import DeepSpeedConfig
+    try:
+        with parsing_as_rank_0_of(world):
+            DeepSpeedConfig(copy.deepcopy(config))
+    except Exception as err:  # the engine's own refusal, whatever its type (assert, ValueError, pydantic's)
+        return one_line(err)
+    return None
+
+
+def one_line(err):
+    """An exception as one line: pydantic's multi-line report folded, a bare assert named by its type."""
+    text = " ".join(line.strip() for line in str(err).splitlines() if line.strip())
+    text = text.split(" For further information visit", 1)[0]
+    return text or type(err).__name__
+
+
+def engine_paths(config):
+    """The engine paths ``config`` selects, in words."""
+    zero = config.get("zero_optimization") or {}
+    dtype = ("bf16" if (config.get("bf16") or {}).get("enabled") else "fp16" if
+             (config.get("fp16") or {}).get("enabled") else "fp32")
+    parts = [f"ZeRO {zero.get('stage', 0)}", dtype, f"optimizer {(config.get('optimizer') or {}).get('type', 'SGD')}"]
+    for what in ("offload_optimizer", "offload_param"):
+        device = (zero.get(what) or {}).get("device", "none")
+        if device != "none":
+            parts.append(f"{what} to {device}")
+    if zero.get("stage", 0) in (2, 3) and zero.get("reduce_scatter") is False:
+        parts.append("reduce_scatter off")
+    parts.append(f"gradient_clipping {config.get('gradient_clipping', 0.0)}")
+    parts.append(f"loss_normalization {config.get('loss_normalization', 'mean')}")
+    return ", ".join(parts)
+
+
+@functools.cache
+def known_keys():
+    """The installed engine's config keys (about a second to read off it: once per process)."""
+    from deepspeed.gafix.config_surface import config_keys
+    return frozenset(config_keys())
+
+
+def preflight(config, splits, world, pipeline_stages=0, known=None):
+    """Check ``config`` (as ``ds_gas_check`` trains it: each split's batch keys in place of its own) on ``world``
+    ranks. ``known``: the engine's config keys (default: read off the installed engine)."""
+    from .training import split_config
+    result = Preflight()
+    known = known_keys() if known is None else set(known)
+    for key, near in unknown_keys(config, known):
+        if near:
+            result.errors.append(f"{key}: unknown; did you mean {near}? (DeepSpeed ignores a key it does not know, "
+                                 "so the check would test another config)")
+        else:
+            result.notes.append(f"{key}: not a key DeepSpeed reads; ignored")
+    autos = auto_values(config)
+    if autos:
+        result.errors.append(f"{', '.join(autos)}: \"auto\" is filled in by the Hugging Face Trainer or accelerate "
+                             "from their own arguments; give ds_gas_check the values they would set")
+        return result
+    dp_world = world // (pipeline_stages or 1)
+    given = [key for key in BATCH_KEYS if key in config]
+    if given:
+        refusal = engine_refusal(config, dp_world)
+        if refusal:
+            result.errors.append(f"the engine refuses this config's batch keys on {dp_world} data-parallel rank(s): "
+                                 f"{refusal}")
+        result.notes.append(f"{', '.join(given)}: replaced by each split's (--splits) while the check runs")
+    micro, gas = splits[0]
+    refusal = engine_refusal(split_config(config, micro, gas), dp_world)
+    if refusal and not any(refusal in error for error in result.errors):
+        result.errors.append(f"the engine refuses this config: {refusal}")
+    return result

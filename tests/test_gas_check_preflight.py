@@ -1,0 +1,118 @@
+# SPDX-License-Identifier: Apache-2.0
+
+# DeepSpeed Team
+"""ds_gas_check's pre-flight: what the engine refuses is refused before any rank starts (exit status 2, one line
+with the engine's reason), a misspelled key is named with the key it resembles, and a config the engine accepts
+passes ``--preflight`` (exit status 0). In this process: nothing is launched."""
+
+import json
+
+import pytest
+
+pytestmark = pytest.mark.fork_only
+
+MICRO_4 = {"train_micro_batch_size_per_gpu": 4}
+# config, ranks, the line printed (stderr on a refusal, stdout otherwise), exit status
+CASES = {
+    "gas_0": (dict(MICRO_4, gradient_accumulation_steps=0), 2, "Train batch size: 0 has to be greater than 0", 2),
+    "gas_negative": (dict(MICRO_4,
+                          gradient_accumulation_steps=-2), 2, "Train batch size: -16 has to be greater than 0", 2),
+    "batch_mismatch": (dict(MICRO_4, train_batch_size=30, gradient_accumulation_steps=4), 2,
+                       "train_batch_size is not equal to micro_batch_per_gpu * gradient_acc_step * world_size 30 != "
+                       "4 * 4 * 2", 2),
+    "misspelled_section": ({
+        "zero_optimisation": {
+            "stage": 2
+        }
+    }, 1, "zero_optimisation: unknown; did you mean zero_optimization?", 2),
+    "nested_misspelling": ({
+        "zero_optimization": {
+            "stag": 2
+        }
+    }, 1, "zero_optimization.stag: unknown; did you mean zero_optimization.stage?", 2),
+    "wrong_type": ({
+        "zero_optimization": {
+            "stage": "two"
+        }
+    }, 1, "the engine refuses this config: 1 validation error for DeepSpeedZeroConfig stage", 2),
+    "out_of_range": ({
+        "zero_optimization": {
+            "stage": 7
+        }
+    }, 1, "input_value=7", 2),
+    "per_item_misspelled": ({
+        "loss_normalization": "per-item"
+    }, 1, "Invalid loss_normalization: 'per-item'", 2),
+    "hf_auto": ({
+        "train_micro_batch_size_per_gpu": "auto",
+        "zero_optimization": {
+            "stage": 2
+        }
+    }, 1, "train_micro_batch_size_per_gpu: \"auto\" is filled in by the Hugging Face Trainer", 2),
+    "unknown_key_far_from_any": ({
+        "my_note": "x",
+        "zero_optimization": {
+            "stage": 1
+        }
+    }, 1, "note: my_note: not a key DeepSpeed reads; ignored", 0),
+    "accepted": ({
+        "train_batch_size": 32,
+        "bf16": {
+            "enabled": True
+        },
+        "zero_optimization": {
+            "stage": 2,
+            "reduce_scatter": False
+        },
+        "optimizer": {
+            "type": "AdamW",
+            "params": {
+                "lr": 1e-3,
+                "betas": [0.9, 0.95]
+            }
+        }
+    }, 2, "ZeRO 2, bf16, optimizer AdamW, reduce_scatter off, gradient_clipping 0.0, loss_normalization mean: the "
+                 "engine accepts it", 0),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_preflight(case, tmp_path, capsys):
+    from deepspeed.gafix.gas_check.cli import main
+    config, ranks, line, status = CASES[case]
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps(config))
+    assert main(["--config", str(path), "--ranks", str(ranks), "--preflight"]) == status
+    out = capsys.readouterr()
+    assert line in (out.err if status else out.out), out
+    if status:
+        assert out.err.count("\n") <= 2 and "Traceback" not in out.err, out.err  # one line each, no traceback
+
+
+def test_a_refused_config_stops_before_any_rank_starts(tmp_path, capsys, monkeypatch):
+    from deepspeed.gafix.gas_check import cli
+    monkeypatch.setattr(cli, "relaunch", lambda *args: pytest.fail("launched ranks for a config the engine refuses"))
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps({"zero_optimisation": {"stage": 2}}))
+    assert cli.main(["--config", str(path), "--ranks", "2"]) == 2
+    assert "did you mean zero_optimization?" in capsys.readouterr().err
+
+
+def test_a_config_refused_once_the_optimizer_is_built_exits_2_with_one_line(tmp_path, extensions_dir):
+    """per_item with Muon passes the parser; the engine refuses it as it builds the optimizer, on every rank: one
+    line, exit status 2 (not 1, a failed split), no traceback."""
+    import os
+    import subprocess
+    import sys
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps({"loss_normalization": "per_item", "zero_optimization": {"stage": 1}}))
+    proc = subprocess.run(
+        [sys.executable, "-m", "deepspeed.gafix.gas_check", "--config",
+         str(path), "--optimizer", "muon", "--quiet"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ, TORCH_EXTENSIONS_DIR=str(extensions_dir)))
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("ds_gas_check: error:")]
+    assert len(errors) == 1 and "per_item" in errors[0] and "Traceback" not in proc.stderr, proc.stderr[-2000:]
