@@ -24,7 +24,6 @@ Not a test: ``tests/test_step_counts.py`` pins the fork's counts against the rec
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -35,7 +34,7 @@ HERE = Path(__file__).resolve()
 sys.path.insert(0, str(HERE.parents[1] / "tools"))
 
 from toolkit.ports import free_port  # noqa: E402
-from toolkit.sides import pristine_python  # noqa: E402
+from toolkit.sides import clean_environ, pristine_python  # noqa: E402
 
 GAS = 8
 MICRO = 2
@@ -193,15 +192,13 @@ def worker(args):
 
 def count(python, configs, out, extensions_dir, seed_extra_op=(), timeout=1800):
     """One side's counts: ``python`` runs the worker on one rank, in a process of its own."""
-    env = dict(os.environ,
-               RANK="0",
-               LOCAL_RANK="0",
-               WORLD_SIZE="1",
-               MASTER_ADDR="127.0.0.1",
-               MASTER_PORT=str(free_port()),
-               TORCH_EXTENSIONS_DIR=str(extensions_dir),
-               OMP_NUM_THREADS="1")
-    env.pop("PYTHONPATH", None)
+    env = clean_environ(RANK="0",
+                        LOCAL_RANK="0",
+                        WORLD_SIZE="1",
+                        MASTER_ADDR="127.0.0.1",
+                        MASTER_PORT=str(free_port()),
+                        TORCH_EXTENSIONS_DIR=str(extensions_dir),
+                        OMP_NUM_THREADS="1")
     cmd = [python, str(HERE), "--worker", "--out", str(out), "--configs", *configs]
     if seed_extra_op:
         cmd += ["--seed-extra-op", *seed_extra_op]

@@ -3,6 +3,7 @@
 # DeepSpeed Team
 """The two sides every comparison runs: the fork (the interpreter running, or one given) and pristine upstream."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -30,3 +31,11 @@ def pristine_python(given=None, fork_python=None, timeout=1800):
         raise PristineNotFound(f"tools/test-against-upstream --venv failed ({proc.returncode}): "
                                f"{proc.stderr.strip()[-2000:]}")
     return proc.stdout.strip().splitlines()[-1]
+
+
+def clean_environ(**overrides):
+    """This process's environment for a side's subprocess, without PYTHONPATH (each side's interpreter imports its
+    own deepspeed, never one a path puts first), with ``overrides``."""
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    env.update(overrides)
+    return env
