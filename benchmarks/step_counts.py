@@ -31,8 +31,9 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve()
-sys.path.insert(0, str(HERE.parents[1] / "tools"))
+sys.path[:0] = [str(HERE.parent), str(HERE.parents[1] / "tools")]
 
+from step_time import engine_config  # noqa: E402
 from toolkit.ports import free_port  # noqa: E402
 from toolkit.sides import clean_environ, pristine_python  # noqa: E402
 
@@ -59,29 +60,6 @@ CONFIGS = config_matrix()
 # ---------------------------------------------------------------------------------------------- worker
 
 
-def engine_config(stage, dtype, offload):
-    zero = {"stage": stage}
-    if offload:
-        zero["offload_optimizer"] = {"device": "cpu"}
-    config = {
-        "train_micro_batch_size_per_gpu": MICRO,
-        "gradient_accumulation_steps": GAS,
-        "optimizer": {
-            "type": "AdamW",
-            "params": {
-                "lr": 1e-3,
-                "torch_adam": not offload
-            }
-        },
-        "gradient_clipping": 1.0,
-        "zero_optimization": zero,
-        "steps_per_print": 10**9,
-    }
-    if dtype == "bf16":
-        config["bf16"] = {"enabled": True}
-    return config
-
-
 def counting_mode():
     from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -101,34 +79,11 @@ def counting_mode():
     return Counting()
 
 
-class CollectiveCounter:
-    """Counts the calls of deepspeed.comm's collectives while in use."""
-
-    def __enter__(self):
-        import deepspeed.comm as dist
-        self.count, self._saved = 0, {}
-        for name in COLLECTIVES:
-            original = getattr(dist, name, None)
-            if original is None:
-                continue
-            self._saved[name] = original
-
-            def counted(*args, _original=original, **kwargs):
-                self.count += 1
-                return _original(*args, **kwargs)
-
-            setattr(dist, name, counted)
-        return self
-
-    def __exit__(self, *exc):
-        import deepspeed.comm as dist
-        for name, original in self._saved.items():
-            setattr(dist, name, original)
-
-
 def run_config(name, seed_extra_op=False):
     import torch
     import deepspeed
+    sys.path.insert(0, str(HERE.parents[1] / "tests"))
+    from helpers.collectives import CollectiveCounter
     stage, dtype, offload = CONFIGS[name]
     torch.manual_seed(0)
     layers = []
@@ -137,7 +92,7 @@ def run_config(name, seed_extra_op=False):
     model = torch.nn.Sequential(*layers)
     engine, *_ = deepspeed.initialize(model=model,
                                       model_parameters=model.parameters(),
-                                      config=engine_config(stage, dtype, offload))
+                                      config=engine_config(stage, offload, dtype, GAS, MICRO, "AdamW", 1e-3))
     device = engine.device
     low = next(engine.module.parameters()).dtype
     batches = [torch.randn(MICRO, WIDTH, generator=torch.Generator().manual_seed(i)) for i in range(GAS)]
@@ -154,9 +109,9 @@ def run_config(name, seed_extra_op=False):
     counts = []
     for x in batches:
         mode = counting_mode()
-        with CollectiveCounter() as collectives, mode:
+        with CollectiveCounter(COLLECTIVES) as collectives, mode:
             micro_step(x)
-        counts.append({"aten": mode.aten, "host_reads": mode.host_reads, "collectives": collectives.count})
+        counts.append({"aten": mode.aten, "host_reads": mode.host_reads, "collectives": len(collectives.calls)})
     engine.destroy()
     return {
         "non_boundary": {

@@ -154,7 +154,8 @@ class NormTimer:
         return timed
 
 
-def engine_config(stage, offload, dtype, gas, micro):
+def engine_config(stage, offload, dtype, gas, micro, optimizer="Adam", lr=1e-4):
+    """The benchmarks' engine: ``optimizer`` (torch's, or DeepSpeed's CPU one with offload), clipping 1.0."""
     zero = {"stage": stage}
     if offload:
         zero["offload_optimizer"] = {"device": "cpu"}
@@ -162,9 +163,9 @@ def engine_config(stage, offload, dtype, gas, micro):
         "train_micro_batch_size_per_gpu": micro,
         "gradient_accumulation_steps": gas,
         "optimizer": {
-            "type": "Adam",
+            "type": optimizer,
             "params": {
-                "lr": 1e-4,
+                "lr": lr,
                 "torch_adam": not offload
             }
         },

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from helpers.repo import REPO
+from helpers.repo import REPO, python_files
 
 sys.path.insert(0, str(REPO / "tools"))
 
@@ -16,14 +16,6 @@ import patch_facts  # noqa: E402
 
 SERIES = [line for line in (REPO / "patches" / "series").read_text().split() if line.endswith(".patch")]
 NUMBERS = {name[:4] for name in SERIES}
-
-
-def python_files(folder):
-    """Every Python file under ``folder``, the tools without a .py suffix included (read by their first line)."""
-    for path in sorted((REPO / folder).rglob("*")):
-        if path.is_file() and (path.suffix == ".py" or
-                               (not path.suffix and path.read_bytes()[:40].startswith(b"#!/usr/bin/env python"))):
-            yield path
 
 
 def number_literals(path, root=REPO):
@@ -46,9 +38,10 @@ def test_every_patch_has_its_facts_and_every_fact_its_patch():
 def test_no_code_names_a_patch_by_its_number():
     """A renumbering on the next rebase must not detach a fact from its patch: facts live in patches/facts.toml,
     keyed by name."""
+    folders = ("tools", "tests", "gafix_build", "benchmarks")
     found = [
-        literal for folder in ("tools", "tests", "gafix_build", "benchmarks") for path in python_files(folder)
-        for literal in number_literals(path)
+        literal for name in python_files() if name.split("/", 1)[0] in folders
+        for literal in number_literals(REPO / name)
     ]
     assert found == []
 

@@ -8,20 +8,9 @@ import sys
 
 import pytest
 
-from helpers.repo import REPO, repo_files
+from helpers.repo import REPO, python_files
 
-
-def is_python(name):
-    """A .py file, or an executable script of ours in Python (tools/gpu-check): its first line says so."""
-    if name.endswith(".py"):
-        return True
-    if "." in name.rsplit("/", 1)[-1]:
-        return False
-    with open(REPO / name, "rb") as script:
-        return script.readline().startswith(b"#!/usr/bin/env python")
-
-
-PYTHON_FILES = sorted(name for name in repo_files() if is_python(name))
+PYTHON_FILES = python_files()
 
 
 def run_tool(module, *args):

@@ -25,6 +25,21 @@ def repo_files(root=REPO):
     ]
 
 
+def is_python(name, root=REPO):
+    """A .py file, or an executable script of ours in Python (tools/gpu-check): its first line says so."""
+    if name.endswith(".py"):
+        return True
+    if "." in name.rsplit("/", 1)[-1]:
+        return False
+    with open(Path(root) / name, "rb") as script:
+        return script.readline().startswith(b"#!/usr/bin/env python")
+
+
+def python_files(root=REPO):
+    """Our Python files (repo_files' names), sorted."""
+    return sorted(name for name in repo_files(root) if is_python(name, root))
+
+
 def copy_repo(dest):
     dest = Path(dest)
     for name in repo_files():
