@@ -5,25 +5,33 @@
 """What a training step costs the host, counted: fork vs pristine upstream on the same torch.
 
 Time on a shared or a CPU machine is noisy; what the host dispatches is not. Per config, one rank trains an MLP
-of 12 Linear + GELU layers (AdamW, clipping 1.0, GAS 8) for one step to warm up, then counts over the next:
+of 12 Linear + GELU layers (``moe_`` configs: the middle Linear a MoE layer of 2 experts; AdamW, clipping 1.0,
+GAS 8) for one step to warm up, then counts over the next:
 
 - ``aten``: ATen operators dispatched (a TorchDispatchMode: what the host asks of the device);
 - ``host_reads``: values read back to the host (``aten._local_scalar_dense``: ``.item()``, ``float(t)``,
   ``bool(t)``), each a device sync on a GPU;
-- ``collectives``: calls of deepspeed.comm's collectives.
+- ``collectives``: calls of deepspeed.comm's collectives;
+- ``hooks``: backward-hook calls, deepspeed's Python functions the autograd engine called (gradient hooks,
+  autograd functions' backward);
+- ``python_calls``: all calls of deepspeed's Python functions (in a step of their own, apart from the above).
 
 each per non-boundary micro-step (the median of the step's first GAS-1) and for the boundary micro-step (the
-last, with ``engine.step()``'s optimizer step).
+last, with ``engine.step()``'s optimizer step). On a CUDA device, one more step under the profiler adds ``device``:
+kernel launches and device-side time per micro-step (benchmarks/device_profile.py).
 
     python benchmarks/step_counts.py --pristine-python "$(tools/test-against-upstream --venv 0.19.8)" \\
         --json docs/evidence/performance/step_counts-cpu-torch2.13.0.json
     python benchmarks/step_counts.py --worker --configs z2_bf16 --out counts.json   # one side: this interpreter's
 
+Not here: fp16 (the CPU accelerator builds no fp16 engine; on a GPU add the configs) and pipelines (a pipeline
+engine runs a step's micro-batches inside ``train_batch``, so no micro-step is counted apart).
 Not a test: ``tests/test_step_counts.py`` pins the fork's counts against the recorded file.
 """
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -33,6 +41,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve()
 sys.path[:0] = [str(HERE.parent), str(HERE.parents[1] / "tools")]
 
+from device_profile import per_micro_step, summary  # noqa: E402
 from step_time import engine_config  # noqa: E402
 from toolkit.ports import free_port  # noqa: E402
 from toolkit.sides import clean_environ, pristine_python  # noqa: E402
@@ -46,12 +55,14 @@ COLLECTIVES = ("all_reduce", "reduce_scatter_fn", "reduce_scatter_tensor", "all_
 
 
 def config_matrix():
-    """name -> (zero stage, dtype, offload)."""
+    """name -> (zero stage, dtype, offload, MoE)."""
     configs = {}
     for stage in (0, 1, 2, 3):
         for dtype in ("fp32", "bf16"):
-            configs[f"z{stage}_{dtype}"] = (stage, dtype, False)
-    configs["z2_offload_fp32"] = (2, "fp32", True)
+            configs[f"z{stage}_{dtype}"] = (stage, dtype, False, False)
+    configs["z2_offload_fp32"] = (2, "fp32", True, False)
+    for stage in (1, 2):  # ZeRO-3 builds no MoE engine in 0.19.8
+        configs[f"moe_z{stage}_bf16"] = (stage, "bf16", False, True)
     return configs
 
 
@@ -79,19 +90,79 @@ def counting_mode():
     return Counting()
 
 
+class PythonCalls:
+    """Calls of deepspeed's Python functions: all of them (``python_calls``) and those the autograd engine made
+    (``hooks``: backward hooks and autograd functions' backward, whose caller is torch.autograd's engine call or
+    no Python frame at all). Counted on this thread: on a CUDA device backward hooks run on the autograd
+    engine's own threads, so ``hooks`` is read on the CPU accelerator."""
+
+    def __init__(self):
+        import deepspeed
+        import torch.autograd
+        self.ours, self.autograd = Path(deepspeed.__file__).parent, Path(torch.autograd.__file__).parent
+        self.ours, self.autograd = str(self.ours) + os.sep, str(self.autograd / "graph.py")
+        self.python_calls = self.hooks = 0
+
+    def __enter__(self):
+        self._before = sys.getprofile()
+        sys.setprofile(self._count)
+        return self
+
+    def __exit__(self, *exc):
+        sys.setprofile(self._before)
+
+    def _count(self, frame, event, arg):
+        if event == "call" and frame.f_code.co_filename.startswith(self.ours):
+            self.python_calls += 1
+            caller = frame.f_back
+            if caller is None or caller.f_code.co_filename == self.autograd:
+                self.hooks += 1
+
+
+def build_model(moe):
+    """The counted model: 12 Linear + GELU layers; with ``moe``, the middle Linear is a MoE layer of 2 experts."""
+    import torch
+
+    class MoELayer(torch.nn.Module):
+
+        def __init__(self):
+            super().__init__()
+            from deepspeed.moe.layer import MoE
+            self.moe = MoE(hidden_size=WIDTH,
+                           expert=torch.nn.Linear(WIDTH, WIDTH),
+                           num_experts=2,
+                           k=1,
+                           ep_size=1,
+                           capacity_factor=2.0,
+                           min_capacity=1)  # a micro-batch of MICRO tokens, none dropped
+
+        def forward(self, x):
+            return self.moe(x)[0]
+
+    layers = []
+    for index in range(LAYERS):
+        layers += [MoELayer() if moe and index == LAYERS // 2 else torch.nn.Linear(WIDTH, WIDTH), torch.nn.GELU()]
+    return torch.nn.Sequential(*layers)
+
+
 def run_config(name, seed_extra_op=False):
     import torch
     import deepspeed
+    from deepspeed.accelerator import get_accelerator
     sys.path.insert(0, str(HERE.parents[1] / "tests"))
     from helpers.collectives import CollectiveCounter
-    stage, dtype, offload = CONFIGS[name]
+    stage, dtype, offload, moe = CONFIGS[name]
     torch.manual_seed(0)
-    layers = []
-    for _ in range(LAYERS):
-        layers += [torch.nn.Linear(WIDTH, WIDTH), torch.nn.GELU()]
-    model = torch.nn.Sequential(*layers)
+    model = build_model(moe)
+    parameters = model.parameters()
+    if moe:  # expert parameters in groups of their own, as DeepSpeed's MoE asks of its users
+        from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
+        parameters = split_params_into_different_moe_groups_for_optimizer({
+            "params": list(parameters),
+            "name": "dense"
+        })
     engine, *_ = deepspeed.initialize(model=model,
-                                      model_parameters=model.parameters(),
+                                      model_parameters=parameters,
                                       config=engine_config(stage, offload, dtype, GAS, MICRO, "AdamW", 1e-3))
     device = engine.device
     low = next(engine.module.parameters()).dtype
@@ -112,6 +183,12 @@ def run_config(name, seed_extra_op=False):
         with CollectiveCounter(COLLECTIVES) as collectives, mode:
             micro_step(x)
         counts.append({"aten": mode.aten, "host_reads": mode.host_reads, "collectives": len(collectives.calls)})
+    for count, x in zip(counts, batches):  # one more step, apart: the dispatch mode's own Python calls stay out
+        with PythonCalls() as calls:
+            micro_step(x)
+        count.update(hooks=calls.hooks, python_calls=calls.python_calls)
+    # On a CUDA device, one more step under the profiler: what the device was asked to do and how long it took.
+    profile = summary(per_micro_step([lambda x=x: micro_step(x) for x in batches], get_accelerator().synchronize))
     engine.destroy()
     return {
         "non_boundary": {
@@ -119,6 +196,9 @@ def run_config(name, seed_extra_op=False):
             for key in counts[0]
         },
         "boundary": counts[-1],
+        **({
+            "device": profile
+        } if profile else {}),
     }
 
 
@@ -167,18 +247,35 @@ def markdown(sides):
     fork, pristine = sides["fork"], sides["pristine"]
     lines = [
         f"fork {fork['version']} vs pristine {pristine['version']}, torch {fork['torch']}, 1 rank, MLP of {LAYERS} "
-        f"Linear+GELU ({WIDTH} wide), AdamW, clipping 1.0, GAS {GAS}", "",
-        "| config | ATen ops, non-boundary micro-step: fork / pristine | boundary: fork / pristine | host reads "
-        "per boundary: fork / pristine | collectives per boundary: fork / pristine |", "|---|---:|---:|---:|---:|"
+        f"Linear+GELU ({WIDTH} wide; moe_: the middle Linear a MoE layer of 2 experts), AdamW, clipping 1.0, "
+        f"GAS {GAS}; each cell fork / pristine", "",
+        "| config | ATen ops, non-boundary micro-step | boundary | host reads, non-boundary | boundary | "
+        "collectives, non-boundary | boundary | backward-hook calls, non-boundary | boundary | deepspeed Python "
+        "calls, non-boundary | boundary |", "|---|" + "---:|" * 10
     ]
     for name, ours in fork["configs"].items():
         theirs = pristine["configs"].get(name, {})
         if "error" in ours or "error" in theirs:
-            lines.append(f"| {name} | {ours.get('error', '')} {theirs.get('error', '')} | | | |")
+            lines.append(f"| {name} | {ours.get('error', '')} {theirs.get('error', '')} |" + " |" * 9)
             continue
         cell = lambda part, key: f"{ours[part][key]:g} / {theirs[part][key]:g}"  # noqa: E731
-        lines.append(f"| {name} | {cell('non_boundary', 'aten')} | {cell('boundary', 'aten')} | "
-                     f"{cell('boundary', 'host_reads')} | {cell('boundary', 'collectives')} |")
+        lines.append(f"| {name} | " + " | ".join(
+            cell(part, key) for key in ("aten", "host_reads", "collectives", "hooks", "python_calls")
+            for part in ("non_boundary", "boundary")) + " |")
+    profiled = [name for name, ours in fork["configs"].items() if "device" in ours]
+    if profiled:
+        lines += [
+            "", "On the device, from the profiler (one step): kernel launches and device-side ms per micro-step", "",
+            "| config | launches, non-boundary: fork / pristine | boundary | device ms, non-boundary | boundary |",
+            "|---|---:|---:|---:|---:|"
+        ]
+        for name in profiled:
+            ours, theirs = fork["configs"][name]["device"], pristine["configs"].get(name, {}).get("device")
+            if not theirs:
+                continue
+            cell = lambda part, key, form: f"{ours[part][key]:{form}} / {theirs[part][key]:{form}}"  # noqa: E731
+            lines.append(f"| {name} | {cell('non_boundary', 'launches', 'g')} | {cell('boundary', 'launches', 'g')} | "
+                         f"{cell('non_boundary', 'device_ms', '.3f')} | {cell('boundary', 'device_ms', '.3f')} |")
     return "\n".join(lines)
 
 

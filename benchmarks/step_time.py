@@ -5,18 +5,20 @@
 """Training step time, this fork vs pristine upstream, interleaved in one run.
 
 A step is what a user times: GAS micro-batches of forward and backward through ``engine``, then
-``engine.step()``, of a GPT-2-shaped causal transformer (pre-LayerNorm blocks, learned positions,
-tied embedding). The parent runs ``--repeat`` rounds; each round launches the worker once with the
-fork's ``deepspeed`` launcher and once with pristine's (the order alternates each round: A/B, B/A,
-...), every launch running every config. Per config and side, each launch gives the median step
-time of ``--steps`` timed steps (after ``--warmup``); the table gives, over the rounds, the median
-of those and their spread (min-max), the ratio fork/pristine (median of the per-round ratios, and
-their min-max), and the share of the step spent in the norm and the overflow check on each side
-(the methods that take them, timed from outside: upstream's per-group norm and separate overflow
-check, the fork's single-collective one).
+``engine.step()``, of a GPT-2-shaped causal transformer (pre-LayerNorm blocks, learned positions, tied
+embedding) or a Llama-shaped one (RMSNorm, rotary positions, grouped-query attention, SwiGLU). Per config,
+the parent starts one worker per side at once (each with its own ``deepspeed`` launcher); each builds the
+engine and takes ``--warmup`` steps, then ``--repeat`` rounds alternate the sides (A/B, B/A, ...), each
+side timing ``--steps`` steps per round: a round costs its steps, not a launch. The table gives, per
+config and side, the median over the rounds of each round's median step time and their spread (min-max),
+the ratio fork/pristine (median of the per-round ratios, and their min-max), and the share of the step
+spent in the norm and the overflow check on each side (the methods that take them, timed from outside:
+upstream's per-group norm and separate overflow check, the fork's single-collective one). With
+``--profile``, on a CUDA device, one more step per side under the profiler gives kernel launches and
+device-side time per micro-step (benchmarks/device_profile.py).
 
     python benchmarks/step_time.py --pristine-python "$(tools/test-against-upstream --venv 0.19.8)"
-    python benchmarks/step_time.py ... --ranks 1 --model gpt2-125m --configs z1_bf16_gas1 ...  # a GPU
+    python benchmarks/step_time.py ... --ranks 1 --model gpt2-125m --configs z2_bf16_gas1 ... --profile  # a GPU
 
 Runs on the CPU accelerator (gloo, one thread per rank) or a GPU, whatever the installs detect.
 Not a test: figures go to docs/evidence/performance.md.
@@ -33,18 +35,24 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve()
-sys.path.insert(0, str(HERE.parents[1] / "tools"))
+sys.path[:0] = [str(HERE.parent), str(HERE.parents[1] / "tools")]
 
 from toolkit.ports import free_port  # noqa: E402
 from toolkit.sides import pristine_python  # noqa: E402
 
 # hidden, layers, heads, vocab, context
-MODELS = {
+GPT2 = {
     "gpt2-tiny": (256, 4, 4, 8192, 64),  # 5.3M parameters: what 2 CPU cores train in a benchmark's time
     "gpt2-small": (512, 8, 8, 16384, 256),  # ~34M
     "gpt2-125m": (768, 12, 12, 50257, 1024),
     "gpt2-350m": (1024, 24, 16, 50257, 1024),
 }
+# hidden, layers, heads, key/value heads, feed-forward, vocab, context
+LLAMA = {
+    "llama-tiny": (256, 4, 4, 2, 688, 8192, 64),  # 4.5M
+    "llama-1b": (2048, 16, 32, 8, 8192, 128256, 1024),  # Llama 3.2 1B's shape, 1.24B
+}
+MODELS = sorted(GPT2) + sorted(LLAMA)
 
 
 def config_matrix():
@@ -109,6 +117,80 @@ def gpt2_model(hidden, layers, heads, vocab, context):
             return torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1).float(), tokens[:, 1:].flatten())
 
     return GPT2()
+
+
+def llama_model(hidden, layers, heads, kv_heads, ffn, vocab, context):
+    import torch
+    head = hidden // heads
+    inverse = 1.0 / (10000.0**(torch.arange(0, head, 2).float() / head))
+    angles = torch.outer(torch.arange(context).float(), inverse)
+
+    class RMSNorm(torch.nn.Module):
+
+        def __init__(self):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.ones(hidden))
+
+        def forward(self, x):
+            norm = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-5)
+            return norm.to(x.dtype) * self.weight
+
+    def rotate(x, cos, sin):
+        x1, x2 = x[..., 0::2], x[..., 1::2]
+        return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
+
+    class Block(torch.nn.Module):
+
+        def __init__(self):
+            super().__init__()
+            self.ln1, self.ln2 = RMSNorm(), RMSNorm()
+            self.q = torch.nn.Linear(hidden, hidden, bias=False)
+            self.kv = torch.nn.Linear(hidden, 2 * kv_heads * head, bias=False)
+            self.o = torch.nn.Linear(hidden, hidden, bias=False)
+            self.gate_up = torch.nn.Linear(hidden, 2 * ffn, bias=False)
+            self.down = torch.nn.Linear(ffn, hidden, bias=False)
+
+        def forward(self, x, cos, sin):
+            b, t, _ = x.shape
+            h = self.ln1(x)
+            q = rotate(self.q(h).view(b, t, heads, head).transpose(1, 2), cos, sin)
+            k, v = self.kv(h).view(b, t, 2, kv_heads, head).permute(2, 0, 3, 1, 4)
+            k = rotate(k, cos, sin).repeat_interleave(heads // kv_heads, dim=1)
+            a = torch.nn.functional.scaled_dot_product_attention(q,
+                                                                 k,
+                                                                 v.repeat_interleave(heads // kv_heads, dim=1),
+                                                                 is_causal=True)
+            x = x + self.o(a.transpose(1, 2).reshape(b, t, hidden))
+            gate, up = self.gate_up(self.ln2(x)).chunk(2, dim=-1)
+            return x + self.down(torch.nn.functional.silu(gate) * up)
+
+    class Llama(torch.nn.Module):
+
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Embedding(vocab, hidden)
+            self.blocks = torch.nn.ModuleList(Block() for _ in range(layers))
+            self.ln = RMSNorm()
+
+        def forward(self, tokens):
+            t = tokens.shape[1]
+            x = self.embed(tokens)
+            cos, sin = (f(angles[:t]).to(x.device, x.dtype) for f in (torch.cos, torch.sin))
+            for block in self.blocks:
+                x = block(x, cos, sin)
+            logits = self.ln(x) @ self.embed.weight.t()  # tied, as Llama 3.2 1B's
+            return torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1).float(), tokens[:, 1:].flatten())
+
+    return Llama()
+
+
+def build_model(name):
+    return gpt2_model(*GPT2[name]) if name in GPT2 else llama_model(*LLAMA[name])
+
+
+def vocab_and_context(name):
+    shape = GPT2[name] if name in GPT2 else LLAMA[name]
+    return shape[-2], shape[-1]
 
 
 class NormTimer:
@@ -178,78 +260,182 @@ def engine_config(stage, offload, dtype, gas, micro, optimizer="Adam", lr=1e-4):
     return config
 
 
-def run_config(name, args, sync, device):
-    import torch
-    import deepspeed
-    stage, offload, dtype, gas = CONFIGS[name]
-    torch.manual_seed(0)
-    model = gpt2_model(*MODELS[args.model])
-    engine, *_ = deepspeed.initialize(model=model,
-                                      model_parameters=model.parameters(),
-                                      config=engine_config(stage, offload, dtype, gas, args.micro_batch))
-    vocab, context = MODELS[args.model][3], MODELS[args.model][4]
-    gen = torch.Generator().manual_seed(1 + deepspeed.comm.get_rank())
-    batches = [torch.randint(0, vocab, (args.micro_batch, context), generator=gen).to(device) for _ in range(gas)]
-    times, norm_times = [], []
-    with NormTimer(sync) as timer:
-        for step in range(args.warmup + args.steps):
-            sync()
-            timer.seconds = 0.0
-            start = time.perf_counter()
-            for tokens in batches:
-                engine.backward(engine(tokens))
-                engine.step()
-            sync()
-            if step >= args.warmup:
+class Channel:
+    """Commands from the parent and replies to it, as numbered JSON files in one folder.
+
+    Every rank of a worker reads each command; rank 0 writes the reply. A file appears whole (written aside,
+    then renamed), so a reader never sees half of one.
+    """
+
+    def __init__(self, folder):
+        self.folder = Path(folder)
+
+    def write(self, kind, number, body):
+        aside = self.folder / f".{kind}-{number}.tmp"
+        aside.write_text(json.dumps(body))
+        aside.replace(self.folder / f"{kind}-{number}.json")
+
+    def read(self, kind, number, alive, timeout=None):
+        """The body of ``kind``-``number``, waiting for it while ``alive()``; None once not alive or timed out."""
+        path = self.folder / f"{kind}-{number}.json"
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not path.exists():
+            if not alive() or (deadline is not None and time.monotonic() > deadline):
+                return None
+            time.sleep(0.01)
+        return json.loads(path.read_text())
+
+
+class Trainer:
+    """One config's engine on one side: built once, then timed round by round."""
+
+    def __init__(self, name, args, accelerator):
+        import torch
+        import deepspeed
+        stage, offload, dtype, gas = CONFIGS[name]
+        self.sync, device = accelerator.synchronize, accelerator.current_device_name()
+        torch.manual_seed(0)
+        with torch.device(device):  # a 1B model initialised on the host would take longer than its steps
+            model = build_model(args.model)
+        self.parameters = sum(p.numel() for p in model.parameters())
+        self.engine, *_ = deepspeed.initialize(model=model,
+                                               model_parameters=model.parameters(),
+                                               config=engine_config(stage, offload, dtype, gas, args.micro_batch))
+        vocab, context = vocab_and_context(args.model)
+        gen = torch.Generator().manual_seed(1 + deepspeed.comm.get_rank())
+        self.batches = [
+            torch.randint(0, vocab, (args.micro_batch, context), generator=gen).to(device) for _ in range(gas)
+        ]
+        self.time(args.warmup)
+
+    def micro_step(self, tokens):
+        self.engine.backward(self.engine(tokens))
+        self.engine.step()
+
+    def time(self, steps):
+        times, norm_times = [], []
+        with NormTimer(self.sync) as timer:
+            for _ in range(steps):
+                self.sync()
+                timer.seconds = 0.0
+                start = time.perf_counter()
+                for tokens in self.batches:
+                    self.micro_step(tokens)
+                self.sync()
                 times.append(time.perf_counter() - start)
                 norm_times.append(timer.seconds)
-    engine.destroy()
-    return {
-        "step_s": statistics.median(times),
-        "norm_s": statistics.median(norm_times),
-        "parameters": sum(p.numel() for p in model.parameters()),
-    }
+        if not times:
+            return {}
+        return {"step_s": statistics.median(times), "norm_s": statistics.median(norm_times), "steps_s": times}
+
+    def profile(self):
+        from device_profile import per_micro_step, summary
+        return summary(per_micro_step([lambda t=t: self.micro_step(t) for t in self.batches], self.sync))
 
 
-def worker(args):
+def serve(args):
+    """A worker: runs the parent's commands until told to exit (or the parent is gone)."""
+    import torch
     import deepspeed
     from deepspeed.accelerator import get_accelerator
     deepspeed.init_distributed()
     accelerator = get_accelerator()
-    device = accelerator.current_device_name()
-    results = {"version": deepspeed.__version__, "device": accelerator.device_name(), "configs": {}}
-    for name in args.configs:
+    channel, rank0 = Channel(args.serve), deepspeed.comm.get_rank() == 0
+
+    def parent_alive():
         try:
-            results["configs"][name] = run_config(name, args, accelerator.synchronize, device)
+            os.kill(args.parent_pid, 0)
+            return True
+        except OSError:
+            return False
+
+    def reply(number, body):
+        if rank0:
+            channel.write("reply", number, body)
+
+    reply(0, {"version": deepspeed.__version__, "torch": torch.__version__, "device": accelerator.device_name()})
+    trainer, number = None, 0
+    while True:
+        number += 1
+        command = channel.read("command", number, parent_alive)
+        if command is None or command["op"] == "exit":
+            reply(number, {})
+            return
+        try:
+            if command["op"] == "build":
+                trainer = Trainer(command["config"], args, accelerator)
+                body = {"parameters": trainer.parameters}
+            elif command["op"] == "time":
+                body = trainer.time(command["steps"])
+            elif command["op"] == "profile":
+                body = {"profile": trainer.profile()}
         except Exception as err:  # a config one side cannot run is reported, not fatal to the others
-            results["configs"][name] = {"error": f"{type(err).__name__}: {err}"}
-    if deepspeed.comm.get_rank() == 0:
-        Path(args.out).write_text(json.dumps(results, indent=1))
+            body = {"error": f"{type(err).__name__}: {err}"}
+        reply(number, body)
 
 
 # ---------------------------------------------------------------------------------------------- parent
 
 
-def launch(python, args, out, extensions_dir):
-    launcher = Path(python).with_name("deepspeed")
-    if not launcher.exists():
-        sys.exit(f"no deepspeed launcher beside {python}")
-    cmd = [
-        str(launcher), "--num_gpus",
-        str(args.ranks), "--no_local_rank", "--master_port",
-        str(free_port()),
-        str(HERE), "--worker", "--out",
-        str(out), "--model", args.model, "--micro-batch",
-        str(args.micro_batch), "--steps",
-        str(args.steps), "--warmup",
-        str(args.warmup), "--configs", *args.configs
-    ]
-    env = dict(os.environ, TORCH_EXTENSIONS_DIR=str(extensions_dir))
-    env.setdefault("OMP_NUM_THREADS", "1")
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.timeout)
-    if proc.returncode != 0 or not Path(out).exists():
-        sys.exit(f"launch with {python} failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
-    return json.loads(Path(out).read_text())
+class SideFailed(RuntimeError):
+    pass
+
+
+class Side:
+    """One side's worker, started with that side's ``deepspeed`` launcher and kept for the whole run."""
+
+    def __init__(self, name, python, args, folder, extensions_dir):
+        launcher = Path(python).with_name("deepspeed")
+        if not launcher.exists():
+            sys.exit(f"no deepspeed launcher beside {python}")
+        self.name, self.timeout, self.number = name, args.timeout, 0
+        folder.mkdir(parents=True, exist_ok=True)
+        self.channel, self.log_path = Channel(folder), folder / "worker.log"
+        cmd = [
+            str(launcher), "--num_gpus",
+            str(args.ranks), "--no_local_rank", "--master_port",
+            str(free_port()),
+            str(HERE), "--serve",
+            str(folder), "--parent-pid",
+            str(os.getpid()), "--model", args.model, "--micro-batch",
+            str(args.micro_batch), "--warmup",
+            str(args.warmup)
+        ]
+        env = dict(os.environ, TORCH_EXTENSIONS_DIR=str(extensions_dir))
+        env.setdefault("OMP_NUM_THREADS", "1")
+        with open(self.log_path, "w") as log:
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+
+    def send(self, op, **body):
+        self.number += 1
+        self.channel.write("command", self.number, {"op": op, **body})
+
+    def wait(self):
+        body = self.channel.read("reply", self.number, lambda: self.proc.poll() is None, self.timeout)
+        if body is None:
+            self.proc.kill()
+            raise SideFailed(f"{self.name}'s worker gave no reply to command {self.number} (exit "
+                             f"{self.proc.poll()}):\n{self.log_path.read_text()[-3000:]}")
+        return body
+
+    def ask(self, op, **body):
+        self.send(op, **body)
+        return self.wait()
+
+    def close(self):
+        if self.proc.poll() is None:
+            try:
+                self.ask("exit")
+                self.proc.wait(timeout=60)
+            except (SideFailed, subprocess.TimeoutExpired):
+                self.proc.kill()
+
+
+def both(sides, op, **body):
+    """``op`` on every side at once (building engines is not timed); their replies by side."""
+    for side in sides.values():
+        side.send(op, **body)
+    return {name: side.wait() for name, side in sides.items()}
 
 
 def summarise(rounds):
@@ -257,7 +443,7 @@ def summarise(rounds):
     rows = []
     for name in rounds[0]["fork"]["configs"]:
         per_side = {side: [r[side]["configs"][name] for r in rounds] for side in ("fork", "pristine")}
-        errors = {side: v[0]["error"] for side, v in per_side.items() if "error" in v[0]}
+        errors = {side: x["error"] for side, values in per_side.items() for x in values if "error" in x}
         if errors:
             rows.append({"config": name, "errors": errors})
             continue
@@ -291,52 +477,116 @@ def markdown(rows, header):
     return "\n".join(lines)
 
 
+def profile_markdown(profiles):
+    lines = [
+        "Per micro-step, from the profiler (one step): kernel launches and device-side ms, fork / pristine", "",
+        "| config | launches, non-boundary | launches, boundary | device ms, non-boundary | device ms, boundary |",
+        "|---|---:|---:|---:|---:|"
+    ]
+    for name, sides in profiles.items():
+        fork, pristine = sides["fork"].get("profile"), sides["pristine"].get("profile")
+        if not fork or not pristine:
+            lines.append(f"| {name} | {sides['fork'].get('error', '')} {sides['pristine'].get('error', '')} | | | |")
+            continue
+
+        def cell(part, key, form):
+            if fork[part] is None:
+                return ""
+            return f"{fork[part][key]:{form}} / {pristine[part][key]:{form}}"
+
+        lines.append(f"| {name} | {cell('non_boundary', 'launches', 'g')} | {cell('boundary', 'launches', 'g')} | "
+                     f"{cell('non_boundary', 'device_ms', '.2f')} | {cell('boundary', 'device_ms', '.2f')} |")
+    return "\n".join(lines)
+
+
+def report(args, hello, rounds, profiles, done):
+    """The table so far (``done`` configs of ``args.configs``), printed at the end and written after every config."""
+    kept = [{side: {"configs": {n: r[side]["configs"][n] for n in done}} for side in r} for r in rounds]
+    rows = summarise(kept) if done else []
+    header = (f"{args.model}, {args.ranks} rank(s) on {hello['fork']['device']}, micro-batch {args.micro_batch}, "
+              f"Adam, clipping 1.0; {args.repeat} alternating rounds x {args.steps} steps after {args.warmup} "
+              f"warm-up steps; fork {hello['fork']['version']}, pristine {hello['pristine']['version']}, "
+              f"torch {hello['fork']['torch']}")
+    table = markdown(rows, header)
+    if profiles:
+        table += "\n\n" + profile_markdown(profiles)
+    if args.json:
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "header": header,
+                    "rows": rows,
+                    "rounds": kept,
+                    "profiles": profiles,
+                    "configs_left": [n for n in args.configs if n not in done]
+                },
+                indent=1) + "\n")
+    return table
+
+
+def start_sides(args, folder):
+    """Both sides' workers for one config, started at once; each side's first reply says what it runs."""
+    pythons = {"fork": args.fork_python, "pristine": args.pristine_python}
+    sides = {
+        name: Side(name, python, args, folder / name,
+                   Path(args.extensions_dir).resolve() / name)
+        for name, python in pythons.items()
+    }
+    return sides, {name: side.wait() for name, side in sides.items()}
+
+
 def parent(args):
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="ds-step-time-"))
-    work.mkdir(parents=True, exist_ok=True)
-    sides = {"fork": args.fork_python, "pristine": args.pristine_python}
-    rounds = []
-    for index in range(args.repeat):
-        order = ["fork", "pristine"] if index % 2 == 0 else ["pristine", "fork"]
-        results = {}
-        for side in order:
-            started = time.time()
-            results[side] = launch(sides[side], args, work / f"round{index}-{side}.json",
-                                   Path(args.extensions_dir) / side)
-            print(f"round {index + 1}/{args.repeat}: {side} done in {time.time() - started:.0f} s", file=sys.stderr)
-        rounds.append(results)
-    rows = summarise(rounds)
-    fork, pristine = rounds[0]["fork"], rounds[0]["pristine"]
-    header = (f"{args.model}, {args.ranks} rank(s) on {fork['device']}, micro-batch {args.micro_batch}, "
-              f"Adam, clipping 1.0; {args.repeat} rounds x {args.steps} steps; fork {fork['version']}, "
-              f"pristine {pristine['version']}")
-    table = markdown(rows, header)
-    print(table)
-    if args.json:
-        Path(args.json).write_text(json.dumps({"header": header, "rows": rows, "rounds": rounds}, indent=1) + "\n")
+    rounds = [{side: {"configs": {}} for side in ("fork", "pristine")} for _ in range(args.repeat)]
+    profiles, done, hello = {}, [], None
+    for name in args.configs:
+        started = time.time()
+        # Fresh workers per config: an engine leaves memory and state behind in its process after destroy() (a 1B
+        # model's next engine ran out of memory; an engine built after a ZeRO-3 one runs other host code), and a
+        # launch costs no timed step.
+        sides, hello = start_sides(args, work / name)
+        try:
+            built = both(sides, "build", config=name)
+            for index, results in enumerate(rounds):
+                order = ["fork", "pristine"] if index % 2 == 0 else ["pristine", "fork"]
+                for side in order:
+                    result = built[side] if "error" in built[side] else sides[side].ask("time", steps=args.steps)
+                    results[side]["configs"][name] = dict(result, parameters=built[side].get("parameters"))
+            if args.profile and hello["fork"]["device"] == "cuda" and not any("error" in b for b in built.values()):
+                profiles[name] = {side: sides[side].ask("profile") for side in sides}
+        finally:
+            for side in sides.values():
+                side.close()
+        done.append(name)
+        report(args, hello, rounds, profiles, done)
+        print(f"{name}: {args.repeat} rounds in {time.time() - started:.0f} s", file=sys.stderr)
+    if args.profile and hello["fork"]["device"] != "cuda":
+        print(f"--profile: the profiler reads CUDA devices only, not {hello['fork']['device']}", file=sys.stderr)
+    print(report(args, hello, rounds, profiles, done))
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--out", help=argparse.SUPPRESS)
+    parser.add_argument("--serve", help=argparse.SUPPRESS)
+    parser.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--fork-python", default=sys.executable)
     parser.add_argument("--pristine-python",
                         help="default: the venv of tools/test-against-upstream on the fork's torch and Python")
-    parser.add_argument("--model", default="gpt2-tiny", choices=sorted(MODELS))
+    parser.add_argument("--model", default="gpt2-tiny", choices=MODELS)
     parser.add_argument("--configs", nargs="+", default=sorted(CONFIGS), choices=sorted(CONFIGS))
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--micro-batch", type=int, default=1)
-    parser.add_argument("--steps", type=int, default=4)
-    parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--timeout", type=int, default=3600, help="seconds per launch")
+    parser.add_argument("--steps", type=int, default=4, help="timed steps per side and round")
+    parser.add_argument("--warmup", type=int, default=1, help="steps after building an engine, not timed")
+    parser.add_argument("--repeat", type=int, default=3, help="alternating rounds per config")
+    parser.add_argument("--profile", action="store_true", help="kernel launches and device time (CUDA only)")
+    parser.add_argument("--timeout", type=int, default=3600, help="seconds a worker may take for one command")
     parser.add_argument("--extensions-dir", default="build/bench-extensions", help="one subdirectory per side")
-    parser.add_argument("--work-dir", help="where each launch's JSON goes (default: a temporary directory)")
-    parser.add_argument("--json", help="also write the table's rows and every round's results here")
+    parser.add_argument("--work-dir", help="the workers' command folders and logs (default: a temporary directory)")
+    parser.add_argument("--json", help="also write the table's rows and every round's results here, after each config")
     args = parser.parse_args()
-    if args.worker:
-        return worker(args)
+    if args.serve:
+        return serve(args)
     # Only the parent needs pristine: a worker resolving it would build a venv on every launch.
     args.pristine_python = pristine_python(args.pristine_python, args.fork_python)
     parent(args)

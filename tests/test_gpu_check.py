@@ -5,33 +5,28 @@
 between GPU runs; each check's criterion fails on numbers that miss it."""
 
 import argparse
-import importlib.machinery
-import importlib.util
 import json
 import subprocess
 import sys
 
 import pytest
 
-from helpers.repo import REPO
+from helpers.repo import REPO, load_script
 
 TOOL = REPO / "tools" / "gpu-check"
 
 
 @pytest.fixture(scope="module")
 def gpu_check():
-    loader = importlib.machinery.SourceFileLoader("gpu_check", str(TOOL))
-    module = importlib.util.module_from_spec(importlib.util.spec_from_loader("gpu_check", loader))
-    loader.exec_module(module)
-    return module
+    return load_script("tools/gpu-check")
 
 
 def test_dry_run_finds_every_command():
     proc = subprocess.run([sys.executable, str(TOOL), "--dry-run"], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "dry run of 8 check(s): OK" in proc.stdout
+    assert "dry run of 9 check(s): OK" in proc.stdout
     for name in ("fused-norm", "cuda-engines", "gas-check-bf16-fused-adam", "norm-bandwidth", "norm-host-time",
-                 "step-time-zero2", "step-time-zero3", "upstream-gpu-tier"):
+                 "step-time-gpt2-125m", "step-time-llama-1b", "step-counts", "upstream-gpu-tier"):
         assert f"{name}: " in proc.stdout
 
 
@@ -104,6 +99,16 @@ def test_step_time_and_host_time_criteria(gpu_check, tmp_path):
     (tmp_path / "step-time.json").write_text(json.dumps({"rows": [{"config": "a", "ratio": 0.6}]}))
     assert judge(0, tmp_path)[0]
     assert not judge(1, tmp_path)[0]
+    # Within the spread: a round at or under 1.00 passes; slower in every round does not; a config left out fails.
+    row = {"config": "a", "ratio": 1.04, "ratio_spread": [0.99, 1.1]}
+    (tmp_path / "step-time.json").write_text(json.dumps({"rows": [row]}))
+    assert judge(0, tmp_path)[0]
+    (tmp_path / "step-time.json").write_text(json.dumps({"rows": [dict(row, ratio_spread=[1.01, 1.1])]}))
+    passed, detail = judge(0, tmp_path)
+    assert not passed and "slower than pristine in every round: a" in detail
+    (tmp_path / "step-time.json").write_text(json.dumps({"rows": [row], "configs_left": ["b"]}))
+    passed, detail = judge(0, tmp_path)
+    assert not passed and "not run: b" in detail
     rows = [{"host_us": 200.0}, {"host_us": 60.0}, {"host_us": 100.0}, {"host_us": 120.0}]
     (tmp_path / "norm-host-time.json").write_text(json.dumps(rows))
     assert not gpu_check.judge_host_time(0, tmp_path)[0]
@@ -113,12 +118,30 @@ def test_step_time_and_host_time_criteria(gpu_check, tmp_path):
 
 def test_step_time_worker_needs_no_pristine(monkeypatch):
     # The launcher starts the worker on the device machine, where pristine may not be found (or built) at all.
-    loader = importlib.machinery.SourceFileLoader("step_time", str(REPO / "benchmarks" / "step_time.py"))
-    step_time = importlib.util.module_from_spec(importlib.util.spec_from_loader("step_time", loader))
-    loader.exec_module(step_time)
+    step_time = load_script("benchmarks/step_time.py")
     ran = []
     monkeypatch.setattr(step_time, "pristine_python", lambda *sides: pytest.fail("the worker looked for pristine"))
-    monkeypatch.setattr(step_time, "worker", lambda args: ran.append(args.configs))
-    monkeypatch.setattr(sys, "argv", ["step_time.py", "--worker", "--out", "x.json", "--configs", "z2_bf16_gas1"])
+    monkeypatch.setattr(step_time, "serve", lambda args: ran.append(args.serve))
+    monkeypatch.setattr(sys, "argv", ["step_time.py", "--serve", "work/fork", "--parent-pid", "1"])
     step_time.main()
-    assert ran == [["z2_bf16_gas1"]]
+    assert ran == ["work/fork"]
+
+
+def counts(aten, launches=None):
+    part = {"aten": aten, "host_reads": 1, "collectives": 1}
+    config = {"non_boundary": part, "boundary": part}
+    if launches is not None:
+        config["device"] = {"non_boundary": {"launches": launches, "device_ms": 0.1}, "boundary": None}
+    return {"configs": {"z2_bf16": config}}
+
+
+def test_step_counts_criterion(gpu_check, tmp_path):
+    path = tmp_path / "step-counts.json"
+    path.write_text(json.dumps({"fork": counts(100, 40), "pristine": counts(100, 40)}))
+    assert gpu_check.judge_step_counts(0, tmp_path) == (True, "1 configs, 1 with device counts; none costlier")
+    path.write_text(json.dumps({"fork": counts(100, 41), "pristine": counts(100, 40)}))
+    passed, detail = gpu_check.judge_step_counts(0, tmp_path)
+    assert not passed and "z2_bf16 launches 41 > 40" in detail
+    path.write_text(json.dumps({"fork": counts(101), "pristine": counts(100)}))
+    assert not gpu_check.judge_step_counts(0, tmp_path)[0]
+    assert not gpu_check.judge_step_counts(1, tmp_path)[0]

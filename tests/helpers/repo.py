@@ -3,6 +3,8 @@
 # DeepSpeed Team
 """The repository under test, and scratch copies of it for tests that change build inputs."""
 
+import importlib.machinery
+import importlib.util
 import shutil
 import subprocess
 from pathlib import Path
@@ -38,6 +40,15 @@ def is_python(name, root=REPO):
 def python_files(root=REPO):
     """Our Python files (repo_files' names), sorted."""
     return sorted(name for name in repo_files(root) if is_python(name, root))
+
+
+def load_script(relative):
+    """One of our scripts (tools/gpu-check, benchmarks/step_time.py) as a module, to test its functions."""
+    name = Path(relative).stem.replace("-", "_")
+    loader = importlib.machinery.SourceFileLoader(name, str(REPO / relative))
+    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(name, loader))
+    loader.exec_module(module)
+    return module
 
 
 def copy_repo(dest):
