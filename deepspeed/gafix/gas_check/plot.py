@@ -31,14 +31,17 @@ def plot_check(path, results, title):
     markers = "osD^v<>p*h"
     for index, result in enumerate(results):
         color = f"C{index % 10}"
+        # Markers shrink split by split: splits that agree draw concentric markers, none hidden under another.
         style = dict(marker=markers[index % len(markers)],
+                     markersize=max(3, 10 - 2 * index),
                      color=color,
                      linestyle="-" if result.passed else ":",
                      label=f"{result.name} {'PASS' if result.passed else 'FAIL'}",
                      zorder=2)
-        # Each split's own expectation, dashed in its colour: the reference averages the same micro-batches'
-        # losses, which differs between splits when the loss is a mean over varying item counts.
-        expected = dict(color=color, linestyle="--", linewidth=3, alpha=0.35, zorder=1)
+        # Each split's own expectation (the reference averages the same micro-batches' losses, which differs
+        # between splits when the loss is a mean over varying item counts), drawn thin and black on top: where a
+        # split is right its line runs through the split's markers, where it is wrong the two part.
+        expected = dict(color="black", linestyle="--", linewidth=1, zorder=3)
         loss_ax.plot(steps, result.expected_losses, **expected)
         loss_ax.plot(steps, result.losses, **style)
         if not any(math.isnan(n) for n in result.expected_norms):
@@ -48,7 +51,7 @@ def plot_check(path, results, title):
         # An error of 0 (a split compared with itself) cannot sit on a log axis.
         errors = [max(e, 1e-12) for e in result.update_errors]
         error_ax.plot(steps, errors, **style)
-    loss_ax.plot([], [], color="gray", linestyle="--", linewidth=3, alpha=0.35, label=f"{label} (same colour)")
+    loss_ax.plot([], [], color="black", linestyle="--", linewidth=1, label=f"expected ({label})")
     if all(math.isnan(n) for r in results for n in r.norms):
         norm_ax.text(0.5,
                      0.5,
@@ -57,13 +60,14 @@ def plot_check(path, results, title):
                      ha="center",
                      va="center",
                      color="red")
-    tolerances = sorted({r.tolerance for r in results})
-    for tol in tolerances:
+    # One line per tolerance, each labelled with its value and the splits it judges.
+    for tol in sorted({r.tolerance for r in results}):
+        judged = ", ".join(r.name for r in results if r.tolerance == tol)
         error_ax.axhline(tol, color="red", linewidth=1, linestyle="--")
-    error_ax.text(steps[0], tolerances[-1], " tolerance", color="red", va="bottom")
+        error_ax.text(steps[0], tol, f" tolerance {tol:.0e}: {judged}", color="red", va="bottom", fontsize=8)
     error_ax.set_yscale("log")
-    loss_ax.set_title("loss (mean over micro-batches); dashed: expected")
-    norm_ax.set_title("global grad norm (reported); dashed: expected")
+    loss_ax.set_title("loss (mean over micro-batches); black dashed: expected")
+    norm_ax.set_title("global grad norm (reported); black dashed: expected")
     error_ax.set_title(f"update error vs {label}")
     for ax in (loss_ax, norm_ax, error_ax):
         ax.set_xlabel("step")
