@@ -116,3 +116,70 @@ def test_a_config_refused_once_the_optimizer_is_built_exits_2_with_one_line(tmp_
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
     errors = [line for line in proc.stderr.splitlines() if line.startswith("ds_gas_check: error:")]
     assert len(errors) == 1 and "per_item" in errors[0] and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+
+
+ZERO3_SP = {
+    "bf16": {
+        "enabled": True
+    },
+    "gradient_clipping": 1.0,
+    "sequence_parallel_size": 2,
+    "zero_optimization": {
+        "stage": 3,
+        "zero_hpz_partition_size": 1
+    },
+    "optimizer": {
+        "type": "AdamW",
+        "params": {
+            "lr": 1e-4
+        }
+    },
+}
+
+
+def test_the_preflight_gives_each_set_key_its_coverage_row(tmp_path, capsys):
+    from deepspeed.gafix.gas_check.cli import main
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps(ZERO3_SP))
+    assert main(["--config", str(path), "--ranks", "2", "--preflight"]) == 0
+    out = capsys.readouterr().out
+    assert "map: covered: sequence_parallel_size: Ulysses SP 2" in out
+    assert "map: covered: zero_optimization, zero_optimization.stage:" in out
+    assert "map: open: zero_optimization.zero_hpz_partition_size: hpZ" in out
+    assert "optimizer.params" not in out  # an optimizer's own arguments are not engine keys
+
+
+def test_a_run_tells_only_of_paths_not_checked_against_fp64(tmp_path, capsys, monkeypatch):
+    from deepspeed.gafix.gas_check import cli
+    launched = []
+    monkeypatch.setattr(cli, "relaunch", lambda *args: launched.append(args) or 0)
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps(ZERO3_SP))
+    cli.main(["--config", str(path), "--ranks", "2"])
+    out = capsys.readouterr().out
+    assert launched and "map: open: zero_optimization.zero_hpz_partition_size" in out
+    assert "map: covered" not in out
+
+
+def test_coverage_rows_follow_the_map():
+    from deepspeed.gafix.gas_check.preflight import coverage
+    rows = [{
+        "keys": ["a", "a.b"],
+        "status": "covered",
+        "note": "n1"
+    }, {
+        "keys": ["c.*"],
+        "status": "open",
+        "note": "n2"
+    }]
+    assert coverage({
+        "a": {
+            "b": 1
+        },
+        "c": {
+            "d": {
+                "e": 2
+            }
+        },
+        "z": 3
+    }, rows) == [("covered", ["a", "a.b"], "n1"), ("open", ["c.d", "c.d.e"], "n2")]

@@ -9,23 +9,28 @@ The surface is read off the installed engine (``deepspeed.gafix.config_surface``
 The map (``docs/reference/engine_surface.toml``) gives each key a row: how the fork's promise stands on it
 (``STATUSES``). ``check()`` fails on a key with no row (a rebase that adds one), on a row no key matches
 (a key that went away), and on a row without what its status needs; ``render()`` writes the table of
-``docs/reference/engine_surface.md``.
+``docs/reference/engine_surface.md`` and ``shipped()`` the map as the wheel carries it
+(``deepspeed/gafix/engine_surface.json``, read by ``ds_gas_check --preflight``).
 
     tools/engine_surface.py            print what check() finds (exit 1 if anything)
-    tools/engine_surface.py --write    rewrite docs/reference/engine_surface.md from the map
+    tools/engine_surface.py --write    rewrite docs/reference/engine_surface.md and the shipped JSON from the map
     tools/engine_surface.py --keys     print the surface, one key a line
 """
 
 import argparse
+import json
 import sys
 import tomllib
 from pathlib import Path
 
-from deepspeed.gafix.config_surface import SECTION_MODELS, surface  # noqa: F401 (the surface the map covers)
+from deepspeed.gafix.config_surface import (  # noqa: F401 (SECTION_MODELS: the surface the map covers)
+    MAP_FILE, SECTION_MODELS, matches, rows_of, surface)
 
 REPO = Path(__file__).resolve().parents[1]
 MAP = REPO / "docs" / "reference" / "engine_surface.toml"
 PAGE = REPO / "docs" / "reference" / "engine_surface.md"
+# The map as the product reads it (ds_gas_check's pre-flight): JSON, which every Python reads and the wheel ships.
+SHIPPED = REPO / "deepspeed" / "gafix" / MAP_FILE.name
 
 # status -> (what it means, what a row of it must name)
 STATUSES = {
@@ -42,20 +47,6 @@ STATUSES = {
 def load_map(path=MAP):
     with open(path, "rb") as f:
         return tomllib.load(f)["row"]
-
-
-def matches(pattern, key):
-    """A row's key: exact, or ``section.*`` for every key under ``section`` (a row naming a key exactly
-    takes it from a ``section.*`` row)."""
-    if pattern.endswith(".*"):
-        return key.startswith(pattern[:-1])
-    return key == pattern
-
-
-def rows_of(key, rows):
-    """The rows that hold ``key``: those naming it exactly, else those whose ``section.*`` covers it."""
-    exact = [row for row in rows if key in row["keys"]]
-    return exact or [row for row in rows if any(matches(pattern, key) for pattern in row["keys"])]
 
 
 def problems(keys, rows, unmapped=(), repo=REPO):
@@ -105,6 +96,11 @@ def render(rows, keys):
     return "\n".join(lines)
 
 
+def shipped(rows):
+    """The map as deepspeed/gafix/engine_surface.json holds it."""
+    return json.dumps({"source": MAP.relative_to(REPO).as_posix(), "rows": rows}, indent=1) + "\n"
+
+
 BEGIN, END = "<!-- engine-surface: begin -->", "<!-- engine-surface: end -->"
 
 
@@ -126,10 +122,13 @@ def main(argv=None):
     rows = load_map()
     if args.write:
         PAGE.write_text(page_with(rows, keys, PAGE.read_text()))
+        SHIPPED.write_text(shipped(rows))
         return 0
     found = problems(keys, rows, unmapped)
     if PAGE.read_text() != page_with(rows, keys, PAGE.read_text()):
         found.append(f"{PAGE.relative_to(REPO)} is not what the map renders: tools/engine_surface.py --write")
+    if not SHIPPED.is_file() or SHIPPED.read_text() != shipped(rows):
+        found.append(f"{SHIPPED.relative_to(REPO)} is not the map: tools/engine_surface.py --write")
     print("\n".join(found) or f"{len(keys)} keys, every one with a row")
     return 1 if found else 0
 

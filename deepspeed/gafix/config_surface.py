@@ -8,11 +8,16 @@
 - every field of the pydantic config models under those keys (``DeepSpeedConfigModel`` subclasses, their
   nested models walked), by the name a user writes (the field's alias where it has one).
 
-``ds_gas_check``'s pre-flight names a config key outside it; the fork's coverage map gives each key a row.
+``ds_gas_check``'s pre-flight names a config key outside it; the fork's coverage map gives each key a row
+(``coverage_map()``: docs/reference/engine_surface.toml, shipped beside this module as engine_surface.json).
 """
 
 import contextlib
+import json
+from pathlib import Path
 from unittest import mock
+
+MAP_FILE = Path(__file__).with_name("engine_surface.json")
 
 # The pydantic model each section's value is parsed into (the rest of a section is read key by key).
 # Every training-side DeepSpeedConfigModel must be reachable from here: a new one fails the coverage map's check.
@@ -172,3 +177,22 @@ def _unmapped_models(reached):
         dotted = f"{model.__module__}.{model.__name__}"
         if dotted.startswith("deepspeed.") and not dotted.startswith(NOT_SECTIONS):
             yield dotted
+
+
+def coverage_map():
+    """The coverage map's rows: ``keys``, ``status``, ``note``, ``tests`` (tools/engine_surface.py writes the file)."""
+    return json.loads(MAP_FILE.read_text())["rows"]
+
+
+def matches(pattern, key):
+    """A row's key: exact, or ``section.*`` for every key under ``section`` (a row naming a key exactly
+    takes it from a ``section.*`` row)."""
+    if pattern.endswith(".*"):
+        return key.startswith(pattern[:-1])
+    return key == pattern
+
+
+def rows_of(key, rows):
+    """The rows that hold ``key``: those naming it exactly, else those whose ``section.*`` covers it."""
+    exact = [row for row in rows if key in row["keys"]]
+    return exact or [row for row in rows if any(matches(pattern, key) for pattern in row["keys"])]

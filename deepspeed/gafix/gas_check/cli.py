@@ -200,7 +200,7 @@ def run_preflight(config, splits, world, args):
     """The pre-flight (preflight.py) on ``world`` ranks: None to go on, else the exit status (2 on an error;
     with --preflight, 0 when there is none). Its notes are printed first."""
     from .check import DEFAULT_SPLITS
-    from .preflight import engine_paths, preflight
+    from .preflight import TOLD_ALWAYS, engine_paths, preflight
     found = preflight(config, splits or list(DEFAULT_SPLITS), world, args.pipeline_stages)
     rank0 = os.environ.get("RANK", "0") == "0"
     if rank0:
@@ -210,7 +210,12 @@ def run_preflight(config, splits, world, args):
         return 2
     head = [f"ds_gas_check --preflight: {args.config}: {engine_paths(config)}: the engine accepts it"
             ] if args.preflight else []
-    lines = head + [f"note: {note}" for note in found.notes]
+    # The coverage map's rows for the keys the config sets: all of them with --preflight; else those a user must
+    # hear of (a path the fork has not checked against fp64, or checks only on a GPU).
+    told = [(status, keys, note) for status, keys, note in found.coverage
+            if args.preflight and status != "off-path" or status in TOLD_ALWAYS]
+    mapped = [f"map: {status}: {', '.join(keys)}: {note}" for status, keys, note in told]
+    lines = head + mapped + [f"note: {note}" for note in found.notes]
     if rank0 and lines:
         print("\n".join(lines), flush=True)
     return 0 if args.preflight else None

@@ -19,11 +19,16 @@ BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_ac
 FREE = ("optimizer.params", "scheduler.params")
 SIMILAR = 0.75  # difflib's ratio from which an unknown key is taken for a misspelling of a known one
 
+# Statuses of the coverage map (docs/reference/engine_surface.md) a user is told of on every run, not only with
+# --preflight: the config takes a path whose numbers the fork has not checked, or checks only on a GPU.
+TOLD_ALWAYS = ("open", "approximate", "gpu-only")
+
 
 @dataclass
 class Preflight:
     errors: list = field(default_factory=list)  # one line each: exit status 2
     notes: list = field(default_factory=list)
+    coverage: list = field(default_factory=list)  # (status, the config's keys, what the map says), one per row
 
 
 def unknown_keys(config, known, prefix=""):
@@ -55,6 +60,29 @@ def auto_values(config, prefix=""):
         elif value == "auto":
             found.append(prefix + str(key))
     return found
+
+
+def set_keys(config, prefix=""):
+    """Every dotted key ``config`` sets, sections included, below free sections not."""
+    found = []
+    for key, value in config.items():
+        path = prefix + str(key)
+        found.append(path)
+        if isinstance(value, dict) and path not in FREE:
+            found += set_keys(value, path + ".")
+    return found
+
+
+def coverage(config, rows=None):
+    """``[(status, [the config's keys], note)]``: the coverage map's row of each key ``config`` sets, in the map's
+    order (``rows``: default, the map shipped with the fork)."""
+    from deepspeed.gafix.config_surface import coverage_map, rows_of
+    rows = coverage_map() if rows is None else rows
+    held = {}
+    for key in set_keys(config):
+        for row in rows_of(key, rows):
+            held.setdefault(id(row), []).append(key)
+    return [(row["status"], held[id(row)], row.get("note", "")) for row in rows if id(row) in held]
 
 
 def engine_refusal(config, world):
@@ -119,6 +147,7 @@ def preflight(config, splits, world, pipeline_stages=0, known=None):
         result.errors.append(f"{', '.join(autos)}: \"auto\" is filled in by the Hugging Face Trainer or accelerate "
                              "from their own arguments; give ds_gas_check the values they would set")
         return result
+    result.coverage = coverage(config)
     dp_world = world // (pipeline_stages or 1)
     given = [key for key in BATCH_KEYS if key in config]
     if given:
