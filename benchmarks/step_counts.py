@@ -5,8 +5,8 @@
 """What a training step costs the host, counted: fork vs pristine upstream on the same torch.
 
 Time on a shared or a CPU machine is noisy; what the host dispatches is not. Per config, one rank trains an MLP
-of 12 Linear + GELU layers (``moe_`` configs: the middle Linear a MoE layer of 2 experts; AdamW, clipping 1.0,
-GAS 8) for one step to warm up, then counts over the next:
+of 12 Linear + GELU layers (``moe_`` configs: the middle Linear a MoE layer of 2 experts; ``pipe_``: the layers as
+a one-stage pipeline; AdamW, clipping 1.0, GAS 8) for one step to warm up, then counts over the next:
 
 - ``aten``: ATen operators dispatched (a TorchDispatchMode: what the host asks of the device);
 - ``host_reads``: values read back to the host (``aten._local_scalar_dense``: ``.item()``, ``float(t)``,
@@ -24,8 +24,9 @@ kernel launches and device-side time per micro-step (benchmarks/device_profile.p
         --json docs/evidence/performance/step_counts-cpu-torch2.13.0.json
     python benchmarks/step_counts.py --worker --configs z2_bf16 --out counts.json   # one side: this interpreter's
 
-Not here: fp16 (the CPU accelerator builds no fp16 engine; on a GPU add the configs) and pipelines (a pipeline
-engine runs a step's micro-batches inside ``train_batch``, so no micro-step is counted apart).
+fp16 configs let the CPU accelerator take fp16 while they run (the engine's fp16 paths do not depend on the
+device). A pipeline engine runs a step's micro-batches inside ``train_batch``: its step is counted whole, as its
+boundary, with no non-boundary count.
 Not a test: ``tests/test_step_counts.py`` pins the fork's counts against the recorded file.
 """
 
@@ -55,14 +56,17 @@ COLLECTIVES = ("all_reduce", "reduce_scatter_fn", "reduce_scatter_tensor", "all_
 
 
 def config_matrix():
-    """name -> (zero stage, dtype, offload, MoE)."""
+    """name -> (zero stage, dtype, offload, model: "mlp", "moe" or "pipe")."""
     configs = {}
     for stage in (0, 1, 2, 3):
         for dtype in ("fp32", "bf16"):
-            configs[f"z{stage}_{dtype}"] = (stage, dtype, False, False)
-    configs["z2_offload_fp32"] = (2, "fp32", True, False)
+            configs[f"z{stage}_{dtype}"] = (stage, dtype, False, "mlp")
+    configs["z2_offload_fp32"] = (2, "fp32", True, "mlp")
+    for stage in (0, 2):  # the fp16 optimizers: FP16_Optimizer (no ZeRO) and ZeRO's loss scaling
+        configs[f"z{stage}_fp16"] = (stage, "fp16", False, "mlp")
     for stage in (1, 2):  # ZeRO-3 builds no MoE engine in 0.19.8
-        configs[f"moe_z{stage}_bf16"] = (stage, "bf16", False, True)
+        configs[f"moe_z{stage}_bf16"] = (stage, "bf16", False, "moe")
+    configs["pipe_z1_bf16"] = (1, "bf16", False, "pipe")  # one stage: the pipeline engine's schedule on one rank
     return configs
 
 
@@ -119,8 +123,8 @@ class PythonCalls:
                 self.hooks += 1
 
 
-def build_model(moe):
-    """The counted model: 12 Linear + GELU layers; with ``moe``, the middle Linear is a MoE layer of 2 experts."""
+def build_layers(model):
+    """The counted layers: 12 Linear + GELU; with "moe", the middle Linear is a MoE layer of 2 experts."""
     import torch
 
     class MoELayer(torch.nn.Module):
@@ -141,60 +145,93 @@ def build_model(moe):
 
     layers = []
     for index in range(LAYERS):
-        layers += [MoELayer() if moe and index == LAYERS // 2 else torch.nn.Linear(WIDTH, WIDTH), torch.nn.GELU()]
-    return torch.nn.Sequential(*layers)
+        middle = model == "moe" and index == LAYERS // 2
+        layers += [MoELayer() if middle else torch.nn.Linear(WIDTH, WIDTH), torch.nn.GELU()]
+    return layers
+
+
+def loss_of(output, label=None):
+    return output.float().pow(2).mean()
+
+
+class Engine:
+    """One config's engine and a micro-step of it (a pipeline: a whole step, its micro-steps run inside)."""
+
+    def __init__(self, name, seed_extra_op):
+        import torch
+        import deepspeed
+        stage, dtype, offload, model = CONFIGS[name]
+        torch.manual_seed(0)
+        layers = build_layers(model)
+        if model == "pipe":
+            from deepspeed.pipe import PipelineModule
+            module = PipelineModule(layers=layers, num_stages=1, loss_fn=loss_of)
+        else:
+            module = torch.nn.Sequential(*layers)
+        parameters = module.parameters()
+        if model == "moe":  # expert parameters in groups of their own, as DeepSpeed's MoE asks of its users
+            from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
+            parameters = split_params_into_different_moe_groups_for_optimizer({
+                "params": list(parameters),
+                "name": "dense"
+            })
+        self.engine, *_ = deepspeed.initialize(model=module,
+                                               model_parameters=parameters,
+                                               config=engine_config(stage, offload, dtype, GAS, MICRO, "AdamW", 1e-3))
+        self.pipeline, self.seed_extra_op = model == "pipe", seed_extra_op
+        low = next(self.engine.module.parameters()).dtype
+        self.batches = [
+            torch.randn(MICRO, WIDTH, generator=torch.Generator().manual_seed(i)).to(self.engine.device, low)
+            for i in range(GAS)
+        ]
+
+    def micro_steps(self):
+        """Callables, one per counted unit: GAS micro-steps, or one step of a pipeline."""
+        if self.pipeline:
+            return [lambda: self.engine.train_batch(data_iter=iter([(x, x) for x in self.batches]))]
+        return [lambda x=x: self.micro_step(x) for x in self.batches]
+
+    def micro_step(self, x):
+        loss = loss_of(self.engine(x))
+        if self.seed_extra_op:  # a control: one more op on every micro-step must be seen
+            loss = loss + 0.0
+        self.engine.backward(loss)
+        self.engine.step()
 
 
 def run_config(name, seed_extra_op=False):
-    import torch
-    import deepspeed
-    from deepspeed.accelerator import get_accelerator
     sys.path.insert(0, str(HERE.parents[1] / "tests"))
+    from deepspeed.accelerator import get_accelerator
     from helpers.collectives import CollectiveCounter
-    stage, dtype, offload, moe = CONFIGS[name]
-    torch.manual_seed(0)
-    model = build_model(moe)
-    parameters = model.parameters()
-    if moe:  # expert parameters in groups of their own, as DeepSpeed's MoE asks of its users
-        from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
-        parameters = split_params_into_different_moe_groups_for_optimizer({
-            "params": list(parameters),
-            "name": "dense"
-        })
-    engine, *_ = deepspeed.initialize(model=model,
-                                      model_parameters=parameters,
-                                      config=engine_config(stage, offload, dtype, GAS, MICRO, "AdamW", 1e-3))
-    device = engine.device
-    low = next(engine.module.parameters()).dtype
-    batches = [torch.randn(MICRO, WIDTH, generator=torch.Generator().manual_seed(i)) for i in range(GAS)]
-
-    def micro_step(x):
-        loss = engine(x.to(device, low)).float().pow(2).mean()
-        if seed_extra_op:  # a control: one more op on every micro-step must be seen
-            loss = loss + 0.0
-        engine.backward(loss)
-        engine.step()
-
-    for x in batches:  # warm-up step: lazy allocations and first-use paths out of the count
-        micro_step(x)
-    counts = []
-    for x in batches:
-        mode = counting_mode()
-        with CollectiveCounter(COLLECTIVES) as collectives, mode:
-            micro_step(x)
-        counts.append({"aten": mode.aten, "host_reads": mode.host_reads, "collectives": len(collectives.calls)})
-    for count, x in zip(counts, batches):  # one more step, apart: the dispatch mode's own Python calls stay out
-        with PythonCalls() as calls:
-            micro_step(x)
-        count.update(hooks=calls.hooks, python_calls=calls.python_calls)
-    # On a CUDA device, one more step under the profiler: what the device was asked to do and how long it took.
-    profile = summary(per_micro_step([lambda x=x: micro_step(x) for x in batches], get_accelerator().synchronize))
-    engine.destroy()
+    accelerator = get_accelerator()
+    fp16_supported = accelerator.is_fp16_supported
+    if CONFIGS[name][1] == "fp16":  # the engine's fp16 paths are device-independent; the CPU one reports none
+        accelerator.is_fp16_supported = lambda: True
+    try:
+        run = Engine(name, seed_extra_op)
+        for micro_step in run.micro_steps():  # warm-up step: lazy allocations and first-use paths out of the count
+            micro_step()
+        counts = []
+        for micro_step in run.micro_steps():
+            mode = counting_mode()
+            with CollectiveCounter(COLLECTIVES) as collectives, mode:
+                micro_step()
+            counts.append({"aten": mode.aten, "host_reads": mode.host_reads, "collectives": len(collectives.calls)})
+        for count, micro_step in zip(counts, run.micro_steps()):  # one more step, apart: the dispatch mode's own
+            with PythonCalls() as calls:  # Python calls stay out
+                micro_step()
+            count.update(hooks=calls.hooks, python_calls=calls.python_calls)
+        # On a CUDA device, one more step under the profiler: what the device was asked to do and how long it took.
+        profile = summary(per_micro_step(run.micro_steps(), accelerator.synchronize))
+        run.engine.destroy()
+    finally:
+        accelerator.is_fp16_supported = fp16_supported
     return {
+        # A pipeline's step is counted whole (as its boundary): no micro-step of it runs apart.
         "non_boundary": {
             key: statistics.median(c[key] for c in counts[:-1])
             for key in counts[0]
-        },
+        } if len(counts) > 1 else None,
         "boundary": counts[-1],
         **({
             "device": profile
@@ -258,7 +295,8 @@ def markdown(sides):
         if "error" in ours or "error" in theirs:
             lines.append(f"| {name} | {ours.get('error', '')} {theirs.get('error', '')} |" + " |" * 9)
             continue
-        cell = lambda part, key: f"{ours[part][key]:g} / {theirs[part][key]:g}"  # noqa: E731
+        cell = lambda part, key: "-" if ours[
+            part] is None else f"{ours[part][key]:g} / {theirs[part][key]:g}"  # noqa: E731
         lines.append(f"| {name} | " + " | ".join(
             cell(part, key) for key in ("aten", "host_reads", "collectives", "hooks", "python_calls")
             for part in ("non_boundary", "boundary")) + " |")
@@ -273,7 +311,9 @@ def markdown(sides):
             ours, theirs = fork["configs"][name]["device"], pristine["configs"].get(name, {}).get("device")
             if not theirs:
                 continue
-            cell = lambda part, key, form: f"{ours[part][key]:{form}} / {theirs[part][key]:{form}}"  # noqa: E731
+            cell = lambda part, key, form: (
+                "-" if ours[part] is None else  # noqa: E731
+                f"{ours[part][key]:{form}} / {theirs[part][key]:{form}}")
             lines.append(f"| {name} | {cell('non_boundary', 'launches', 'g')} | {cell('boundary', 'launches', 'g')} | "
                          f"{cell('non_boundary', 'device_ms', '.3f')} | {cell('boundary', 'device_ms', '.3f')} |")
     return "\n".join(lines)

@@ -257,6 +257,8 @@ def engine_config(stage, offload, dtype, gas, micro, optimizer="Adam", lr=1e-4):
     }
     if dtype == "bf16":
         config["bf16"] = {"enabled": True}
+    elif dtype == "fp16":
+        config["fp16"] = {"enabled": True, "initial_scale_power": 8}
     return config
 
 

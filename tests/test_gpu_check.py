@@ -144,4 +144,8 @@ def test_step_counts_criterion(gpu_check, tmp_path):
     assert not passed and "z2_bf16 launches 41 > 40" in detail
     path.write_text(json.dumps({"fork": counts(101), "pristine": counts(100)}))
     assert not gpu_check.judge_step_counts(0, tmp_path)[0]
+    # A pipeline's step is counted whole: no non-boundary count to compare.
+    whole = {"configs": {"pipe": {"non_boundary": None, "boundary": {"aten": 9}}}}
+    path.write_text(json.dumps({"fork": whole, "pristine": whole}))
+    assert gpu_check.judge_step_counts(0, tmp_path)[0]
     assert not gpu_check.judge_step_counts(1, tmp_path)[0]

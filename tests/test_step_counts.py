@@ -20,6 +20,16 @@ BENCHMARK = REPO / "benchmarks" / "step_counts.py"
 RECORD = REPO / "docs" / "evidence" / "performance" / "step_counts-cpu-torch2.13.0.json"
 PINNED = ["z1_bf16", "z2_bf16", "z3_bf16", "moe_z2_bf16"]
 KINDS = ("aten", "host_reads", "collectives", "hooks")
+# Work the fork does between boundaries and 0.19.8 leaves out, on purpose: (config, kind) -> (how much, why).
+ADDED_ON_PURPOSE = {
+    ("z0_fp16", "aten"): (2, "fp16 without ZeRO: the loss scaling 0.19.8 never applies (patch "
+                          "Scale-the-loss-for-the-fp16-optimizers-of-ZeRO-stage), two multiplications"),
+}
+
+
+def pristine_budget(name, kind, pristine):
+    """Pristine's non-boundary count of ``kind`` on ``name``, plus what the fork adds there on purpose."""
+    return pristine["non_boundary"][kind] + ADDED_ON_PURPOSE.get((name, kind), (0, ""))[0]
 
 
 def over_budget(counted, recorded):
@@ -29,10 +39,12 @@ def over_budget(counted, recorded):
         name = key.split("+")[0]
         fork, pristine = recorded["fork"]["configs"][name], recorded["pristine"]["configs"][name]
         for part in ("non_boundary", "boundary"):
+            if fork[part] is None:  # a pipeline's step is counted whole, as its boundary
+                continue
             for kind in KINDS:
                 budget = fork[part][kind]
                 if part == "non_boundary":
-                    budget = min(budget, pristine[part][kind])
+                    budget = min(budget, pristine_budget(name, kind, pristine))
                 if ours[part][kind] > budget:
                     found.append(f"{key}: {ours[part][kind]:g} {kind} per {part} micro-step, recorded {budget:g}")
     return found
@@ -42,8 +54,13 @@ def test_the_record_has_the_fork_no_costlier_than_pristine_between_boundaries():
     recorded = json.loads(RECORD.read_text())
     for name, fork in recorded["fork"]["configs"].items():
         pristine = recorded["pristine"]["configs"][name]
+        if fork["non_boundary"] is None:  # a pipeline's step is counted whole
+            continue
         for kind in KINDS:
-            assert fork["non_boundary"][kind] <= pristine["non_boundary"][kind], (name, kind)
+            assert fork["non_boundary"][kind] <= pristine_budget(name, kind, pristine), (name, kind)
+    for (name, kind), (added, why) in ADDED_ON_PURPOSE.items():  # each still needed, and no more than it says
+        fork, pristine = (recorded[side]["configs"][name]["non_boundary"][kind] for side in ("fork", "pristine"))
+        assert fork - pristine == added, (name, kind, why)
 
 
 @pytest.mark.fork_only
