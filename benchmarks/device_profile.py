@@ -42,7 +42,8 @@ def per_micro_step(micro_steps, sync):
 
 
 def summary(counted):
-    """The median of the non-boundary micro-steps and the boundary (last) one, as step_counts reports counts."""
+    """Per-micro-step counts of one step as the benchmarks report them: the median of the non-boundary micro-steps
+    (None for a step counted whole) and the boundary (last) one."""
     import statistics
     if counted is None:
         return None

@@ -33,7 +33,6 @@ Not a test: ``tests/test_step_counts.py`` pins the fork's counts against the rec
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -226,17 +225,8 @@ def run_config(name, seed_extra_op=False):
         run.engine.destroy()
     finally:
         accelerator.is_fp16_supported = fp16_supported
-    return {
-        # A pipeline's step is counted whole (as its boundary): no micro-step of it runs apart.
-        "non_boundary": {
-            key: statistics.median(c[key] for c in counts[:-1])
-            for key in counts[0]
-        } if len(counts) > 1 else None,
-        "boundary": counts[-1],
-        **({
-            "device": profile
-        } if profile else {}),
-    }
+    # A pipeline's step is counted whole (as its boundary): no micro-step of it runs apart.
+    return {**summary(counts), **({"device": profile} if profile else {})}
 
 
 def worker(args):
