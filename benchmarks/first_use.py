@@ -23,6 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 
+from toolkit import options, tables  # noqa: E402
 from toolkit.sides import pristine_python  # noqa: E402
 
 LOADS = {
@@ -44,9 +45,7 @@ def timed_load(python, code, extensions_dir):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--fork-python", default=sys.executable)
-    parser.add_argument("--pristine-python",
-                        help="default: the venv of tools/test-against-upstream on the fork's torch and Python")
+    options.add_sides(parser)
     parser.add_argument("--ops", nargs="+", default=["shm_comm", "fused_norm"], choices=sorted(LOADS))
     parser.add_argument("--json")
     args = parser.parse_args()
@@ -60,8 +59,8 @@ def main():
                 first = timed_load(python, LOADS[op], fresh)
                 cached = timed_load(python, LOADS[op], fresh)
             rows.append({"side": side, "op": op, "first": first, "cached": cached})
-    print("| side | op | first load (JIT build), s | cached load, s | the build's cost, s |")
-    print("|---|---|---:|---:|---:|")
+    columns = ["side", "op", "first load (JIT build), s", "cached load, s", "the build's cost, s"]
+    print("\n".join(tables.header(columns, right=columns[2:])))
     cell = lambda r: f"{r['seconds']:.1f}" if "seconds" in r else r["error"]
     for row in rows:
         first, cached = row["first"], row["cached"]

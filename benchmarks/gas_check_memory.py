@@ -42,6 +42,7 @@ HERE = Path(__file__).resolve()
 sys.path.insert(0, str(HERE.parents[1] / "tools"))
 
 from toolkit.ports import free_port  # noqa: E402
+from toolkit import tables  # noqa: E402
 
 # name -> (hidden, layers, intermediate, heads, vocab)
 LLAMA = {
@@ -266,9 +267,10 @@ def table(path):
     key = lambda r: (r["size"], r["zero"], r["offload"], r["dtype"], r.get("bucket_elements"))  # noqa: E731
     training = {key(r): r for r in rows if r["mode"] == "training"}
     lines = [
-        "| model | config | mode | verdicts | check: peak per rank | training: peak per rank | check / training "
-        "| check - training, per owned parameter | check's wall time / one training step |",
-        "|---|---|---|---|---|---|---|---|---|"
+        *tables.header([
+            "model", "config", "mode", "verdicts", "check: peak per rank", "training: peak per rank",
+            "check / training", "check - training, per owned parameter", "check's wall time / one training step"
+        ])
     ]
     for r in rows:
         base = training.get(key(r))

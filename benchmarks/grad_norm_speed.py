@@ -34,9 +34,14 @@ profiler): the op's cost to the GPU, without the host's launch overhead, which b
 import argparse
 import json
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+from toolkit import tables  # noqa: E402
 
 MODELS = {"gpt2-125m": (768, 12), "gpt2-350m": (1024, 24)}  # hidden, layers (vocab 50257, context 1024)
 
@@ -150,15 +155,16 @@ def measure(device, repeat, inner):
 
 def table(fork, upstream):
     names = ["fused op", "ds utils", "ZeRO-1/2 loop", "torch foreach"]
+    columns = ["set", "dtype", "MB"] + [f"{n} ms (GB/s)" for n in names]
+    columns += ["upstream ds utils ms", "upstream ZeRO-1/2 loop ms"] if upstream else []
+    columns += [
+        "flat norm GB/s", "copy GB/s", "fused % of copy", "fused GPU-busy GB/s (% of copy)", "fused vs foreach",
+        "fused vs upstream ZeRO-1/2", "fused err", "foreach err"
+    ]
     lines = [
         f"fork: deepspeed {fork['deepspeed']}" +
         (f"; upstream: deepspeed {upstream['deepspeed']}" if upstream else "") +
-        f"; torch {fork['torch']}, {fork['device']}, {fork['threads']} threads", "", "| set | dtype | MB | " +
-        " | ".join(f"{n} ms (GB/s)"
-                   for n in names) + (" | upstream ds utils ms | upstream ZeRO-1/2 loop ms" if upstream else "") +
-        " | flat norm GB/s | copy GB/s | fused % of copy | fused GPU-busy GB/s (% of copy) | fused vs foreach |"
-        " fused vs upstream ZeRO-1/2 |"
-        " fused err | foreach err |", "|---" * (11 + len(names) + (2 if upstream else 0)) + "|"
+        f"; torch {fork['torch']}, {fork['device']}, {fork['threads']} threads", "", *tables.header(columns)
     ]
     for index, row in enumerate(fork["rows"]):
         gb = row["bytes"] / 1e9

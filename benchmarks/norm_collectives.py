@@ -24,8 +24,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+
+from toolkit import REPO, options, tables  # noqa: E402
 
 CASES = [
     "zero0_fp32", "zero0_fp16", "zero0_fp16_fused_adam", "zero1_fp32", "zero2_fp32", "zero1_offload_fp32",
@@ -64,7 +65,7 @@ def collectives(row):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--upstream-python", help="interpreter with pristine upstream deepspeed installed")
-    parser.add_argument("--extensions-dir", help="TORCH_EXTENSIONS_DIR to reuse (default: a fresh one)")
+    options.add_extensions_dir(parser)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -82,10 +83,12 @@ def main():
     header = f"fork: deepspeed {fork['deepspeed']}" + (f"; upstream: deepspeed {upstream['deepspeed']}"
                                                        if upstream else "")
     print(header + "\n")
-    print("| path | collectives in step / backward (fork) | host reads in step (fork) | per_item: collectives in "
-          "step / backward, host reads in step (fork) |" +
-          (" collectives in step / backward (upstream) | host reads in step (upstream) |" if upstream else ""))
-    print("|---|---|---|---|" + ("---|---|" if upstream else ""))
+    columns = [
+        "path", "collectives in step / backward (fork)", "host reads in step (fork)",
+        "per_item: collectives in step / backward, host reads in step (fork)"
+    ]
+    columns += ["collectives in step / backward (upstream)", "host reads in step (upstream)"] if upstream else []
+    print("\n".join(tables.header(columns)))
     for case in CASES:
         row = fork["rows"][case]
         per_item = fork["rows"].get(f"{case}_per_item")

@@ -32,8 +32,10 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+HERE = Path(__file__).resolve()
+sys.path[:0] = [str(HERE.parent), str(HERE.parents[1] / "tools")]
 from grad_norm_speed import MODELS, gpt2_gradient_shapes  # noqa: E402
+from toolkit import tables  # noqa: E402
 
 
 def sync(device):
@@ -114,8 +116,10 @@ def main():
                             SumOfSquaresPlan)
     print(f"device {args.device}, torch {torch.__version__}, {torch.get_num_threads()} threads, "
           f"median (min-max) of {args.repeat}")
-    print("| set | dtype | form | tensors | without plan, us | with plan, us | ratio | synced without / with, us |")
-    print("|---|---|---|---:|---:|---:|---:|---:|")
+    columns = [
+        "set", "dtype", "form", "tensors", "without plan, us", "with plan, us", "ratio", "synced without / with, us"
+    ]
+    print("\n".join(tables.header(columns, right=columns[3:])))
     for before, after in zip(rows[0::2], rows[1::2]):
         spread = lambda r: f"{r['host_us']:.1f} ({r['host_spread_us'][0]:.1f}-{r['host_spread_us'][1]:.1f})"
         print(f"| {before['model']} | {before['dtype']} | {before['form']} | {before['tensors']} | {spread(before)} "

@@ -43,6 +43,7 @@ sys.path[:0] = [str(HERE.parent), str(HERE.parents[1] / "tools")]
 
 from device_profile import per_micro_step, summary  # noqa: E402
 from step_time import engine_config  # noqa: E402
+from toolkit import options, tables  # noqa: E402
 from toolkit.ports import free_port  # noqa: E402
 from toolkit.sides import clean_environ, pristine_python  # noqa: E402
 
@@ -199,7 +200,6 @@ class Engine:
 
 
 def run_config(name, seed_extra_op=False):
-    sys.path.insert(0, str(HERE.parents[1] / "tests"))
     from deepspeed.accelerator import get_accelerator
     from helpers.collectives import CollectiveCounter
     accelerator = get_accelerator()
@@ -270,15 +270,19 @@ def count(python, configs, out, extensions_dir, seed_extra_op=(), timeout=1800):
     return json.loads(Path(out).read_text())
 
 
+COUNT_COLUMNS = [
+    "config", "ATen ops, non-boundary micro-step", "boundary", "host reads, non-boundary", "boundary",
+    "collectives, non-boundary", "boundary", "backward-hook calls, non-boundary", "boundary",
+    "deepspeed Python calls, non-boundary", "boundary"
+]
+
+
 def markdown(sides):
     fork, pristine = sides["fork"], sides["pristine"]
     lines = [
         f"fork {fork['version']} vs pristine {pristine['version']}, torch {fork['torch']}, 1 rank, MLP of {LAYERS} "
         f"Linear+GELU ({WIDTH} wide; moe_: the middle Linear a MoE layer of 2 experts), AdamW, clipping 1.0, "
-        f"GAS {GAS}; each cell fork / pristine", "",
-        "| config | ATen ops, non-boundary micro-step | boundary | host reads, non-boundary | boundary | "
-        "collectives, non-boundary | boundary | backward-hook calls, non-boundary | boundary | deepspeed Python "
-        "calls, non-boundary | boundary |", "|---|" + "---:|" * 10
+        f"GAS {GAS}; each cell fork / pristine", "", *tables.header(COUNT_COLUMNS, right=COUNT_COLUMNS[1:])
     ]
     for name, ours in fork["configs"].items():
         theirs = pristine["configs"].get(name, {})
@@ -294,8 +298,12 @@ def markdown(sides):
     if profiled:
         lines += [
             "", "On the device, from the profiler (one step): kernel launches and device-side ms per micro-step", "",
-            "| config | launches, non-boundary: fork / pristine | boundary | device ms, non-boundary | boundary |",
-            "|---|---:|---:|---:|---:|"
+            *tables.header(
+                [
+                    "config", "launches, non-boundary: fork / pristine", "boundary", "device ms, non-boundary",
+                    "boundary"
+                ],
+                right={"launches, non-boundary: fork / pristine", "boundary", "device ms, non-boundary", "boundary"})
         ]
         for name in profiled:
             ours, theirs = fork["configs"][name]["device"], pristine["configs"].get(name, {}).get("device")
@@ -320,10 +328,8 @@ def main():
                         metavar="CONFIG",
                         help="a control: these configs again, as CONFIG+extra_op, with one more op per micro-step")
     parser.add_argument("--configs", nargs="+", default=sorted(CONFIGS), choices=sorted(CONFIGS))
-    parser.add_argument("--fork-python", default=sys.executable)
-    parser.add_argument("--pristine-python",
-                        help="default: the venv of tools/test-against-upstream on the fork's torch and Python")
-    parser.add_argument("--extensions-dir", default="build/bench-extensions", help="one subdirectory per side")
+    options.add_sides(parser)
+    options.add_extensions_dir(parser, default="build/bench-extensions", per_side=True)
     parser.add_argument("--json", help="also write both sides' counts here")
     args = parser.parse_args()
     if args.worker:

@@ -37,6 +37,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve()
 sys.path[:0] = [str(HERE.parent), str(HERE.parents[1] / "tools")]
 
+from toolkit import options, tables  # noqa: E402
 from toolkit.ports import free_port  # noqa: E402
 from toolkit.sides import pristine_python  # noqa: E402
 
@@ -465,8 +466,12 @@ def summarise(rounds):
 
 def markdown(rows, header):
     lines = [
-        header, "", "| config | pristine ms (spread) | fork ms (spread) | fork/pristine (spread) | norm share "
-        "pristine / fork |", "|---|---:|---:|---:|---:|"
+        header, "", *tables.header(
+            [
+                "config", "pristine ms (spread)", "fork ms (spread)", "fork/pristine (spread)",
+                "norm share pristine / fork"
+            ],
+            right={"pristine ms (spread)", "fork ms (spread)", "fork/pristine (spread)", "norm share pristine / fork"})
     ]
     for row in rows:
         if "errors" in row:
@@ -482,8 +487,12 @@ def markdown(rows, header):
 def profile_markdown(profiles):
     lines = [
         "Per micro-step, from the profiler (one step): kernel launches and device-side ms, fork / pristine", "",
-        "| config | launches, non-boundary | launches, boundary | device ms, non-boundary | device ms, boundary |",
-        "|---|---:|---:|---:|---:|"
+        *tables.header(
+            [
+                "config", "launches, non-boundary", "launches, boundary", "device ms, non-boundary",
+                "device ms, boundary"
+            ],
+            right={"launches, non-boundary", "launches, boundary", "device ms, non-boundary", "device ms, boundary"})
     ]
     for name, sides in profiles.items():
         fork, pristine = sides["fork"].get("profile"), sides["pristine"].get("profile")
@@ -571,9 +580,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--serve", help=argparse.SUPPRESS)
     parser.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)
-    parser.add_argument("--fork-python", default=sys.executable)
-    parser.add_argument("--pristine-python",
-                        help="default: the venv of tools/test-against-upstream on the fork's torch and Python")
+    options.add_sides(parser)
     parser.add_argument("--model", default="gpt2-tiny", choices=MODELS)
     parser.add_argument("--configs", nargs="+", default=sorted(CONFIGS), choices=sorted(CONFIGS))
     parser.add_argument("--ranks", type=int, default=2)
@@ -583,7 +590,7 @@ def main():
     parser.add_argument("--repeat", type=int, default=3, help="alternating rounds per config")
     parser.add_argument("--profile", action="store_true", help="kernel launches and device time (CUDA only)")
     parser.add_argument("--timeout", type=int, default=3600, help="seconds a worker may take for one command")
-    parser.add_argument("--extensions-dir", default="build/bench-extensions", help="one subdirectory per side")
+    options.add_extensions_dir(parser, default="build/bench-extensions", per_side=True)
     parser.add_argument("--work-dir", help="the workers' command folders and logs (default: a temporary directory)")
     parser.add_argument("--json", help="also write the table's rows and every round's results here, after each config")
     args = parser.parse_args()

@@ -9,9 +9,16 @@ unless ``--run-slow``).
 
 import importlib.metadata
 import os
+import sys
 from pathlib import Path
 
 import pytest
+
+# The maintainers' tools are modules under tools/ that tests import by name (gpu_check, patches, upstream_suite);
+# toolkit appends the repository's other roots (gafix_build), after the installed packages, so the repository's
+# deepspeed/ overlay never shadows the installed deepspeed.
+sys.path.append(str(Path(__file__).resolve().parents[1] / "tools"))
+import toolkit  # noqa: E402,F401
 
 
 def pytest_addoption(parser):

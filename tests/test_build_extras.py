@@ -5,16 +5,12 @@
 never replacing one."""
 
 import importlib.metadata
-import sys
 
 import pytest
 
 from helpers.repo import REPO
 
-sys.path.insert(0, str(REPO))
-from gafix_build import BuildError, read_extras, with_extras  # noqa: E402
-
-sys.path.remove(str(REPO))
+from gafix_build import BuildError, read_extras, with_extras
 
 
 def test_extras_are_read_from_their_files(tmp_path):

@@ -6,15 +6,11 @@ has a row saying how the fork's promise stands on it, and the check fails on a k
 rebase that brings a new key would."""
 
 import gc
-import sys
 from unittest import mock
 
 import pytest
 
-from helpers.repo import REPO
-
-sys.path.insert(0, str(REPO / "tools"))
-import engine_surface  # noqa: E402
+import engine_surface
 
 # The map describes the fork: 0.19.8 lacks the fork's own keys (loss_normalization).
 pytestmark = pytest.mark.fork_only

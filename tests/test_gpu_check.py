@@ -18,7 +18,8 @@ TOOL = REPO / "tools" / "gpu-check"
 
 @pytest.fixture(scope="module")
 def gpu_check():
-    return load_script("tools/gpu-check")
+    import gpu_check
+    return gpu_check
 
 
 def test_dry_run_finds_every_command():

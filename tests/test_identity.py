@@ -15,8 +15,7 @@ from helpers.repo import REPO
 
 pytestmark = pytest.mark.fork_only
 
-sys.path.insert(0, str(REPO))
-from gafix_build import load_pin, read_series  # noqa: E402
+from gafix_build import load_pin, read_series
 
 
 def test_version_has_the_fork_label():

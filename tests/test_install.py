@@ -12,8 +12,7 @@ import pytest
 
 from helpers.repo import REPO
 
-sys.path.insert(0, str(REPO))
-from gafix_build import load_pin, obtain_sdist  # noqa: E402
+from gafix_build import load_pin, obtain_sdist
 
 
 def pip(python, *args):

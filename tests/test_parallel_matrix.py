@@ -3,13 +3,7 @@
 # DeepSpeed Team
 """tools/parallel_matrix.py: the GAS matrix's MoE, SP and AutoTP cells from their workers' per-rank results."""
 
-import sys
-
-from helpers.repo import REPO
-
-sys.path.insert(0, str(REPO / "tools"))
-
-import parallel_matrix  # noqa: E402
+import parallel_matrix
 
 
 def ok(norm, reference, update_error):

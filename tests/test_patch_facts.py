@@ -4,15 +4,12 @@
 """patches/facts.toml: every patch of the series has its facts, by name, and no code keys a fact by number."""
 
 import ast
-import sys
 
 import pytest
 
 from helpers.repo import REPO, python_files
 
-sys.path.insert(0, str(REPO / "tools"))
-
-import patch_facts  # noqa: E402
+import patch_facts
 
 SERIES = [line for line in (REPO / "patches" / "series").read_text().split() if line.endswith(".patch")]
 NUMBERS = {name[:4] for name in SERIES}

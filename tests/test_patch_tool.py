@@ -15,9 +15,8 @@ import pytest
 
 from helpers.repo import REPO, copy_repo
 
-sys.path.insert(0, str(REPO))
-from gafix_build import assemble_tree, load_pin, obtain_sdist, read_series  # noqa: E402
-from gafix_build.sdist import extract_sdist  # noqa: E402
+from gafix_build import assemble_tree, load_pin, obtain_sdist, read_series
+from gafix_build.sdist import extract_sdist
 
 
 def patches_tool(repo, *args, env_extra=None):

@@ -76,7 +76,6 @@ def test_the_fork_does_no_more_per_micro_step_than_recorded(tmp_path, extensions
                MASTER_ADDR="127.0.0.1",
                TORCH_EXTENSIONS_DIR=str(extensions_dir),
                OMP_NUM_THREADS="1")
-    sys.path.insert(0, str(REPO / "tools"))
     from toolkit.ports import free_port
     env["MASTER_PORT"] = str(free_port())
     proc = subprocess.run([

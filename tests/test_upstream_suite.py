@@ -21,12 +21,11 @@ import pytest
 
 from helpers.repo import REPO
 
-sys.path.insert(0, str(REPO / "tools"))
-from upstream_suite import baseline  # noqa: E402
-from upstream_suite.classify import BOTH_FAIL, BOTH_PASS, BOTH_SKIP, FIXED, ONLY_FORK, REGRESSION  # noqa: E402
-from upstream_suite.classify import category_of, compare  # noqa: E402
-from upstream_suite.execute import Side, Unit, run_unit  # noqa: E402
-from upstream_suite.outcomes import OutcomeMismatch, SideOutcomes  # noqa: E402
+from upstream_suite import baseline
+from upstream_suite.classify import BOTH_FAIL, BOTH_PASS, BOTH_SKIP, FIXED, ONLY_FORK, REGRESSION
+from upstream_suite.classify import category_of, compare
+from upstream_suite.execute import Side, Unit, run_unit
+from upstream_suite.outcomes import OutcomeMismatch, SideOutcomes
 
 
 @pytest.mark.parametrize("fork, pristine, category", [

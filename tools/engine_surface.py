@@ -21,12 +21,11 @@ import argparse
 import json
 import sys
 import tomllib
-from pathlib import Path
 
+from toolkit import REPO, tables
 from deepspeed.gafix.config_surface import (  # noqa: F401 (SECTION_MODELS: the surface the map covers)
     MAP_FILE, SECTION_MODELS, matches, rows_of, surface)
 
-REPO = Path(__file__).resolve().parents[1]
 MAP = REPO / "docs" / "reference" / "engine_surface.toml"
 PAGE = REPO / "docs" / "reference" / "engine_surface.md"
 # The map as the product reads it (ds_gas_check's pre-flight): JSON, which every Python reads and the wheel ships.
@@ -87,7 +86,7 @@ def render(rows, keys):
         if not of_status:
             continue
         count = status_of_keys.count(status)
-        lines += [f"### {status} ({count} keys)", "", meaning + ".", "", "| keys | what | tests |", "|---|---|---|"]
+        lines += [f"### {status} ({count} keys)", "", meaning + ".", "", *tables.header(["keys", "what", "tests"])]
         for row in of_status:
             names = ", ".join(f"`{k}`" for k in row["keys"])
             tests = ", ".join(f"`{t}`" for t in row.get("tests", []))

@@ -15,17 +15,11 @@ another environment, pristine upstream's:
 """
 
 import argparse
-import sys
 import tempfile
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests"))
-
-from helpers.launch import launch_cases  # noqa: E402
-
-sys.path.insert(0, str(REPO / "tools"))
-import parallel_matrix  # noqa: E402
+from toolkit import REPO, options, tables
+from helpers.launch import launch_cases
+import parallel_matrix
 
 
 def cell(row):
@@ -49,7 +43,7 @@ def first_diagnosis(rows):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--extensions-dir", help="TORCH_EXTENSIONS_DIR to reuse (default: a fresh one)")
+    options.add_extensions_dir(parser)
     parser.add_argument(
         "--parallel",
         action="store_true",
@@ -78,8 +72,7 @@ def main():
         splits = splits or [r["name"] for r in rows]
         lines.append(f"| {case} | " + " | ".join(cell(r) for r in rows) + f" | {first_diagnosis(rows)} |")
     header = ["case"] + [s.rsplit(" x ", 1)[0] for s in (splits or [])] + ["first diagnosis"]
-    print("| " + " | ".join(header) + " |")
-    print("|" + "---|" * len(header))
+    print("\n".join(tables.header(header)))
     print("\n".join(lines))
 
 

@@ -19,15 +19,12 @@ import argparse
 import importlib.metadata
 import sys
 import tempfile
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests"))
-
-from helpers.launch import launch_cases  # noqa: E402
-from hf_training import cases  # noqa: E402
-from hf_training.trainer_run import BACKENDS  # noqa: E402
-from hf_training.verdict import TOLERANCE, problems  # noqa: E402
+from toolkit import REPO, options, tables
+from helpers.launch import launch_cases
+from hf_training import cases
+from hf_training.trainer_run import BACKENDS
+from hf_training.verdict import TOLERANCE, problems
 
 
 def cell(case, outcomes):
@@ -60,8 +57,7 @@ def outcomes_of(result, name):
 
 def table(world_size, result):
     lines = [
-        "| ranks | model | rows | loss kwargs | split | " + " | ".join(BACKENDS) + " |",
-        "|---" * (5 + len(BACKENDS)) + "|",
+        *tables.header(["ranks", "model", "rows", "loss kwargs", "split", *BACKENDS]),
     ]
     failed = 0
     rows = {}
@@ -77,7 +73,7 @@ def table(world_size, result):
 
 def norms(world_size, result):
     """Applied-gradient norm at step 1 and 2 vs the reference's, for each case."""
-    lines = ["| ranks | case | applied norm step 1, 2 | reference step 1, 2 |", "|---|---|---|---|"]
+    lines = [*tables.header(["ranks", "case", "applied norm step 1, 2", "reference step 1, 2"])]
     for case in cases.grid(world_size):
         outcomes = outcomes_of(result, case.name)
         if isinstance(outcomes, str):
@@ -101,7 +97,7 @@ def versions():
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--extensions-dir", help="TORCH_EXTENSIONS_DIR to reuse (default: a fresh one)")
+    options.add_extensions_dir(parser)
     parser.add_argument("--ranks", type=int, nargs="+", default=sorted(cases.SPLITS), choices=sorted(cases.SPLITS))
     parser.add_argument("--norms", action="store_true", help="also print every case's applied-gradient norms")
     args = parser.parse_args()

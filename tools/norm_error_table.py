@@ -14,13 +14,10 @@ cell is the largest error over the splits and ranks (collectives: every value se
 
 import argparse
 import os
-import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests"))
-
-from helpers.launch import launch_cases  # noqa: E402
+from toolkit import REPO, options, tables
+from helpers.launch import launch_cases
 
 WORKERS = {
     "moe": REPO / "tests" / "workers" / "moe_norm.py",
@@ -58,7 +55,7 @@ def figure(value):
 def table(sides):
     names = list(sides)
     header = ["path"] + [f"{what}, {side}" for what in ("norm error", "update error", "collectives") for side in names]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines = [*tables.header(header)]
     for path in sides[names[0]]:
         rows = [sides[side][path] for side in names]
         cells = [figure(r["norm"])
@@ -72,8 +69,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--worker", choices=sorted(WORKERS), default="moe")
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
-    parser.add_argument("--pristine-python", help="python of an environment with pristine upstream deepspeed")
-    parser.add_argument("--extensions-dir", help="TORCH_EXTENSIONS_DIR root (one subdirectory per side)")
+    options.add_sides(parser, fork=False)
+    options.add_extensions_dir(parser, per_side=True)
     args = parser.parse_args(argv)
 
     launchers = {"fork": None}

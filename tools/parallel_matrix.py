@@ -14,6 +14,7 @@ test_autotp_norm.py, test_moe_tp_norm.py, test_moe_pipe_norm.py), and otherwise 
 
 import re
 from pathlib import Path
+from toolkit import tables
 
 WORKERS_DIR = Path(__file__).resolve().parent.parent / "tests" / "workers"
 
@@ -108,9 +109,5 @@ def summary(cells, splits):
 
 def markdown(what, table, splits, version):
     """A worker's table: one row per engine path, its splits summarised in one column."""
-    lines = [
-        f"| {what}: per-rank splits {' / '.join(splits)} | {version} |",
-        "|---|---|",
-    ]
-    lines += [f"| {name} | {summary(cells, splits)} |" for name, cells in table.items()]
-    return "\n".join(lines)
+    rows = [(name, summary(cells, splits)) for name, cells in table.items()]
+    return "\n".join(tables.table([f"{what}: per-rank splits {' / '.join(splits)}", version], rows))

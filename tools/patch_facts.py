@@ -9,16 +9,12 @@ texts in the file write ``{name}`` where they mean a patch, rendered as its curr
 """
 
 import re
-import sys
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from gafix_build import read_series  # noqa: E402
+from toolkit import REPO
+from gafix_build import read_series
 
 FACTS_FILE = "patches/facts.toml"
 NOT_FOR_UPSTREAM = "not for upstream"

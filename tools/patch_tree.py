@@ -7,15 +7,11 @@ exports it; tools/pr_bundles.py and the upstream suite's prefixes tier build on 
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from gafix_build import BuildError, load_pin, obtain_sdist, read_series  # noqa: E402
-from gafix_build.sdist import extract_sdist  # noqa: E402
+from toolkit import REPO
+from gafix_build import BuildError, load_pin, obtain_sdist, read_series
+from gafix_build.sdist import extract_sdist
 
 BASE_TAG = "gafix-base"
 BRANCH = "gafix"

@@ -24,17 +24,14 @@ import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tools"))
-
-from gafix_build import BuildError, Pin, load_pin, obtain_sdist, read_series  # noqa: E402
-from gafix_build.pin import PIN_FILE  # noqa: E402
-from gafix_build.sdist import extract_sdist  # noqa: E402
-from gafix_build.series import SERIES_FILE  # noqa: E402
-from patch_facts import load as load_facts  # noqa: E402
-from patch_rules import problems as patch_problems  # noqa: E402
-from patch_tree import BASE_TAG, BRANCH, FORMAT_CONFIG, commit_upstream, committer, git, materialise  # noqa: E402
+from toolkit import REPO
+from gafix_build import BuildError, Pin, load_pin, obtain_sdist, read_series
+from gafix_build.pin import PIN_FILE
+from gafix_build.sdist import extract_sdist
+from gafix_build.series import SERIES_FILE
+from patch_facts import load as load_facts
+from patch_rules import problems as patch_problems
+from patch_tree import BASE_TAG, BRANCH, FORMAT_CONFIG, commit_upstream, committer, git, materialise
 
 DEFAULT_TREE = REPO / "build" / "patch-tree"
 SERIES_HEADER = "# Applied in this order by setup.py; edit with tools/patches.py (docs/develop/patches.md).\n"

@@ -14,17 +14,14 @@ upstream); a new overlay file in neither is an error, so none is forgotten.
 """
 
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from gafix_build import BuildError, load_pin, read_series  # noqa: E402
-from gafix_build.assemble import _mirror_of, overlay_files  # noqa: E402
-from patch_facts import FACTS_FILE, load as load_facts  # noqa: E402
-from patch_tree import BASE_TAG, BRANCH, FORMAT_CONFIG, committer, git, materialise  # noqa: E402
+from toolkit import REPO
+from gafix_build import BuildError, load_pin, read_series
+from gafix_build.assemble import _mirror_of, overlay_files
+from patch_facts import FACTS_FILE, load as load_facts
+from patch_tree import BASE_TAG, BRANCH, FORMAT_CONFIG, committer, git, materialise
 
 # The fork's own files: ds_gas_check and the build report stay out of every PR.
 FORK_ONLY = ("deepspeed/gafix/", )

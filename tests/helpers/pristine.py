@@ -4,13 +4,7 @@
 """An interpreter with pristine upstream deepspeed (the venv ``tools/test-against-upstream`` builds), on the
 same torch and Python as the fork that runs the tests."""
 
-import sys
-
-from helpers.repo import REPO
-
-sys.path.insert(0, str(REPO / "tools"))
-
-from toolkit import sides  # noqa: E402
+from toolkit import sides
 
 
 def pristine_python():

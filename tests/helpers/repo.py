@@ -43,7 +43,7 @@ def python_files(root=REPO):
 
 
 def load_script(relative):
-    """One of our scripts (tools/gpu-check, benchmarks/step_time.py) as a module, to test its functions."""
+    """One of our scripts (benchmarks/step_time.py) as a module, to test its functions."""
     name = Path(relative).stem.replace("-", "_")
     loader = importlib.machinery.SourceFileLoader(name, str(REPO / relative))
     module = importlib.util.module_from_spec(importlib.util.spec_from_loader(name, loader))

@@ -30,14 +30,13 @@ import time
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from pathlib import Path
 
+from toolkit import REPO, options, sides
 from upstream_suite import (baseline, console_scripts, held_files, patch_tests, prefixes, report, reruns, tiers,
                             work_dir_lock)
 from upstream_suite.classify import REGRESSION, compare
 from upstream_suite.execute import Side, Unit, run_unit
 from upstream_suite.outcomes import OutcomeMismatch, SideOutcomes
-from toolkit import sides
 
-REPO = Path(__file__).resolve().parent.parent.parent
 TESTS_VAR = "DS_GAFIX_UPSTREAM_TESTS"
 
 
@@ -146,10 +145,7 @@ def parse_args(argv):
     parser.add_argument("--files", nargs="+", help="test files (relative to the tests dir) instead of a tier")
     parser.add_argument("-k", dest="keyword", help="pytest -k expression for --files")
     parser.add_argument("--tests", help=f"upstream's tests/ directory (default: ${TESTS_VAR}, ../shared/...)")
-    parser.add_argument("--fork-python", default=sys.executable, help="interpreter with the fork installed")
-    parser.add_argument("--pristine-python",
-                        help="interpreter with pristine upstream (default: the venv "
-                        "tools/test-against-upstream builds)")
+    options.add_sides(parser)
     parser.add_argument("--pristine-baseline",
                         nargs="?",
                         const="",
@@ -177,9 +173,9 @@ def parse_args(argv):
                         help="test files run at once, over both sides (each pytest process in a tree of its own)")
     parser.add_argument("--local-size", type=int, default=8, help="LOCAL_SIZE for the CPU accelerator; 0 on GPUs")
     parser.add_argument("--report", help="Markdown report path (default <work-dir>/report.md; JSON beside it)")
-    parser.add_argument("--report-only",
-                        action="store_true",
-                        help="run nothing: compare the outcomes recorded so far (units finished on both sides)")
+    options.add_report_only(parser,
+                            help="run nothing: compare the outcomes recorded so far (units finished on both "
+                            "sides)")
     parser.add_argument("--rerun-regressions",
                         action="store_true",
                         help="run the fork side of each current regression once more first (the first outcome "
@@ -399,7 +395,6 @@ def patch_test_verdicts(added, fork_tests, pristine_tests, report_md):
 def run_prefixes(args, tests_dir, work_dir, results_dir, tests_sha256, added, pin):
     """The prefixes tier (tools/upstream_suite/prefixes.py): bundle k applied after 1..k-1 on pristine, then
     patch k's own test on that tree, with the pristine interpreter."""
-    sys.path[:0] = [str(REPO), str(REPO / "tools")]
     from gafix_build import BuildError
     from patch_tree import BASE_TAG, apply_mbox, git, materialise
     from patch_facts import load as load_facts

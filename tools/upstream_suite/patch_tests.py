@@ -14,6 +14,7 @@ from pathlib import Path
 
 from upstream_suite.execute import Unit
 from upstream_suite.outcomes import kind_of
+from toolkit import tables
 
 _DIFF = re.compile(r"^diff --git a/(\S+) b/(\S+)$")
 _HUNK = re.compile(r"^@@ -0,0 \+1(?:,(\d+))? @@")
@@ -134,7 +135,7 @@ def tally(outcomes):
 
 
 def as_markdown(rows):
-    lines = ["| patch | its upstream-style test | pristine 0.19.8 | fork | verdict |", "|---|---|---|---|---|"]
+    lines = [*tables.header(["patch", "its upstream-style test", "pristine 0.19.8", "fork", "verdict"])]
     for test, pristine, fork, ok in rows:
         verdict = "fails on pristine, passes on the fork" if ok else "**NOT PROVEN**"
         lines.append(f"| {test.number} | `tests/{test.path}` | {tally(pristine)} | {tally(fork)} | {verdict} |")

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from upstream_suite import patch_tests
 from upstream_suite.execute import Side
+from toolkit import tables
 
 
 @dataclass(frozen=True)
@@ -76,8 +77,7 @@ def verdict(prefix, outcomes):
 
 def as_markdown(rows):
     lines = [
-        "| patches applied | its upstream-style test | outcome on that prefix | verdict |",
-        "|---|---|---|---|",
+        *tables.header(["patches applied", "its upstream-style test", "outcome on that prefix", "verdict"]),
     ]
     for prefix, outcomes, ok in rows:
         files = "; ".join(f"`tests/{test.path}`" for test in prefix.tests) or "(none)"

@@ -8,6 +8,7 @@ from collections import Counter, defaultdict
 
 from upstream_suite.classify import BOTH_FAIL, BOTH_PASS, BOTH_SKIP, CATEGORIES, FIXED, ONLY_FORK, REGRESSION
 from upstream_suite.classify import category_counts, side_counts
+from toolkit import tables
 
 
 def _cell(text):
@@ -27,10 +28,10 @@ def as_markdown(title, identity, rows, fork_tests, pristine_tests, pristine_sour
         f"({pristine_source})"
     ]
     lines += [f"- upstream tests tree sha256 {identity['tests_sha256'][:16]}..., torch {identity['torch']}"]
-    lines += ["", "| side | run | passed | failed | skipped |", "|---|---|---|---|---|"]
+    lines += ["", *tables.header(["side", "run", "passed", "failed", "skipped"])]
     for name, side in (("fork", fork), ("pristine", pristine)):
         lines.append(f"| {name} | {side['run']} | {side['passed']} | {side['failed']} | {side['skipped']} |")
-    lines += ["", "| " + " | ".join(CATEGORIES) + " |", "|" + "---|" * len(CATEGORIES)]
+    lines += ["", *tables.header(CATEGORIES)]
     lines.append("| " + " | ".join(str(counts[category]) for category in CATEGORIES) + " |")
     differ = [row for row in rows if row.fork_reason]
     if differ:
@@ -42,7 +43,7 @@ def as_markdown(title, identity, rows, fork_tests, pristine_tests, pristine_sour
     per_file = defaultdict(Counter)
     for row in rows:
         per_file[_unit_of(row.test_id)][row.category] += 1
-    lines += ["", "| test file | " + " | ".join(CATEGORIES) + " |", "|---|" + "---|" * len(CATEGORIES)]
+    lines += ["", *tables.header(["test file", *CATEGORIES])]
     for name in sorted(per_file):
         lines.append(f"| {name} | " + " | ".join(str(per_file[name][category]) for category in CATEGORIES) + " |")
 
@@ -51,7 +52,7 @@ def as_markdown(title, identity, rows, fork_tests, pristine_tests, pristine_sour
         chosen = [row for row in rows if row.category == category]
         if not chosen:
             continue
-        lines += ["", f"### {heading} ({len(chosen)})", "", "| test | fork | pristine | reason |", "|---|---|---|---|"]
+        lines += ["", f"### {heading} ({len(chosen)})", "", *tables.header(["test", "fork", "pristine", "reason"])]
         for row in chosen:
             lines.append(
                 f"| `{_cell(row.test_id)}` | {row.fork or '-'} | {row.pristine or '-'} | {_cell(row.reason)} |")
@@ -61,7 +62,7 @@ def as_markdown(title, identity, rows, fork_tests, pristine_tests, pristine_sour
             "", f"### Both fail, the fork otherwise ({len(differ)})", "",
             "Not regressions (pristine does not pass them), but the fork fails them another way: each deserves a "
             "look, for it could fail earlier than pristine, or at a check pristine never reaches.", "",
-            "| test | fork | pristine |", "|---|---|---|"
+            *tables.header(["test", "fork", "pristine"])
         ]
         for row in differ:
             lines.append(
@@ -69,7 +70,7 @@ def as_markdown(title, identity, rows, fork_tests, pristine_tests, pristine_sour
 
     skips = Counter(row.reason for row in rows if row.category == BOTH_SKIP)
     if skips:
-        lines += ["", f"### Both skip ({counts[BOTH_SKIP]}), by reason", "", "| tests | reason |", "|---|---|"]
+        lines += ["", f"### Both skip ({counts[BOTH_SKIP]}), by reason", "", *tables.header(["tests", "reason"])]
         for reason, number in skips.most_common():
             lines.append(f"| {number} | {_cell(reason) or '-'} |")
     lines += ["", f"{counts[BOTH_PASS]} tests pass on both sides.", ""]

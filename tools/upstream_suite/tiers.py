@@ -14,6 +14,7 @@ from pathlib import Path
 
 from patch_facts import load as load_facts
 from upstream_suite.execute import Unit
+from toolkit import tables
 
 
 @dataclass(frozen=True)
@@ -85,7 +86,7 @@ def patch_table():
         for patch in covered.patches:
             by_patch.setdefault(patch, []).append(covered)
     lines = [
-        "| patch | upstream tests that run its code (CI's patch tier; *full tier only* where marked) |", "|---|---|"
+        *tables.header(["patch", "upstream tests that run its code (CI's patch tier; *full tier only* where marked)"])
     ]
     for patch in sorted(set(by_patch) | set(UNCOVERED)):
         cells = [(f"`{covered.unit.key}` ({covered.what})"

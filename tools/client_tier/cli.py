@@ -1,0 +1,333 @@
+# SPDX-License-Identifier: Apache-2.0
+
+# DeepSpeed Team
+"""transformers' and accelerate's own DeepSpeed tests on the fork and on pristine upstream, compared test by test.
+
+    tools/client-tier                                   both sides, every selection; report in docs/evidence/client_tier/
+    tools/client-tier --selections transformers-trainer --report /tmp/ct.md
+    tools/client-tier --fork-python X --pristine-python Y
+
+The tests are the clients' files in ../shared/client-tests (or --tests), run unchanged from a scratch copy per
+side. On a CPU three things stand between them and DeepSpeed, and this tier removes only those:
+- transformers' class gate require_torch_accelerator: tools/client_tier/transformers_cpu_shim.py re-exports the
+  classes without it (method gates stay);
+- TrainingArguments refuses bf16 without a GPU unless use_cpu is set: the shim sets it (DeepSpeed still runs
+  the engine; only the device check changes);
+- tiny hub models by name: local stand-ins with random weights (the clients' make_hub_standins.py), written
+  once and shared by both sides, for tests that need "a tiny model", not its weights.
+What still cannot run on a CPU is deselected with its reason (SELECTIONS) and listed in the report.
+
+Each side runs in its interpreter (pristine: the venv of tools/test-against-upstream, on the fork's torch and
+Python), with the same client packages; the outcomes are classified as upstream's suite is
+(tools/upstream_suite/classify.py): a regression is a test that passes on pristine and not on the fork.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from toolkit import REPO, junit, options, tables
+from upstream_suite.classify import REGRESSION, category_counts, compare, side_counts
+from toolkit.sides import clean_environ, pristine_python
+
+SHIM = REPO / "tools" / "client_tier" / "transformers_cpu_shim.py"
+REQUIREMENTS = REPO / "tools" / "client_tier" / "requirements.txt"
+FP16 = "fp16: DeepSpeed's CPU accelerator has no fp16 on this CPU (no AVX512-FP16/AMX)"
+
+
+@dataclass
+class Selection:
+    name: str
+    client: str  # the tree under the client tests, where pytest runs
+    paths: list
+    keyword: str = ""
+    # -k terms left out, each with why it cannot run on a CPU; fp16 terms only where the CPU lacks fp16.
+    not_on_cpu: dict = field(default_factory=dict)
+    fp16_terms: tuple = ()
+
+
+SELECTIONS = [
+    Selection("transformers-trainer",
+              "transformers", ["tests/trainer/distributed/test_ds_cpu_shim.py::TestDSCpu"],
+              not_on_cpu={
+                  "nvme": "ZeRO-Infinity NVMe offload needs libaio and an NVMe path",
+                  "hyperparameter": "needs optuna, and runs fp16",
+                  "load_best_model": "loads a T5 tokenizer from the hub (its fixture is not in the client files)",
+              },
+              fp16_terms=("fp16", "ds_config_object", "no_optimizer_no_scheduler", "hf_ds_config_mismatch")),
+    Selection("transformers-non-trainer",
+              "transformers", ["tests/trainer/distributed/test_ds_cpu_shim.py::TestDSCpuNonTrainer"],
+              fp16_terms=("fp16", )),
+    # The file as shipped: its class gates skip every test on a CPU (counted, so nothing is hidden).
+    Selection("transformers-as-shipped", "transformers",
+              ["tests/trainer/distributed/test_trainer_distributed_deepspeed.py"]),
+    Selection("accelerate",
+              "accelerate", ["tests/deepspeed", "tests/test_dataclasses.py"],
+              keyword="deepspeed or DeepSpeed",
+              fp16_terms=("DeepSpeedGradientAccumulationTest", )),
+]
+
+
+def cpu_has_fp16(python):
+    probe = subprocess.run([python, "-c", "import torch; print(torch.ops.mkldnn._is_mkldnn_fp16_supported())"],
+                           stdout=subprocess.PIPE,
+                           text=True)
+    return probe.stdout.strip().endswith("True")
+
+
+def left_out(selection, fp16):
+    terms = dict(selection.not_on_cpu)
+    if not fp16:
+        terms.update({term: FP16 for term in selection.fp16_terms})
+    return terms
+
+
+def keyword_of(selection, terms, extra=""):
+    parts = [f"({keyword})" for keyword in (selection.keyword, extra) if keyword]
+    parts += [f"not {term}" for term in terms]
+    return " and ".join(parts)
+
+
+def scratch_tree(tests, work_dir, side):
+    """A copy of the client tests for one side, with the shim beside transformers' test file."""
+    tree = work_dir / side / "client-tests"
+    shutil.rmtree(tree, ignore_errors=True)
+    shutil.copytree(tests, tree)
+    shutil.copy(SHIM, tree / "transformers" / "tests" / "trainer" / "distributed" / "test_ds_cpu_shim.py")
+    # Each client's tree is pytest's rootdir (test ids alike on both sides), not a directory above the scratch copy
+    # whose settings would apply to the clients' tests.
+    for client in ("transformers", "accelerate"):
+        (tree / client / "pytest.ini").write_text("[pytest]\n")
+    return tree
+
+
+def side_env(work_dir, side, hf_home, extensions_dir=None):
+    env = clean_environ()
+    env.update(DS_ACCELERATOR="cpu",
+               HF_HUB_OFFLINE="1",
+               TRANSFORMERS_OFFLINE="1",
+               HF_DATASETS_OFFLINE="1",
+               HF_HOME=str(hf_home),
+               OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "2"),
+               TORCH_EXTENSIONS_DIR=str(extensions_dir or work_dir / side / "torch_extensions"))
+    return env
+
+
+def junit_tests(path, prefix):
+    """{test id: {outcome, reason}} from pytest's JUnit XML."""
+    return {
+        f"{prefix}{case.classname}::{case.name}": {
+            "outcome": case.outcome,
+            "reason": case.message.splitlines()[0][:300] if case.message else ""
+        }
+        for case in junit.cases(path)
+    }
+
+
+def collected(python, tree, selection, keyword, env):
+    """Test ids pytest collects for the selection with ``keyword`` (no run)."""
+    args = [python, "-m", "pytest", "--co", "-q", "-p", "no:cacheprovider", *selection.paths]
+    if keyword:
+        args += ["-k", keyword]
+    proc = subprocess.run(args, cwd=tree / selection.client, env=env, stdout=subprocess.PIPE, text=True)
+    return [line for line in proc.stdout.splitlines() if "::" in line]
+
+
+def run_selection(python, tree, selection, terms, extra, env, log_dir, timeout):
+    junit = log_dir / f"{selection.name}.xml"
+    junit.unlink(missing_ok=True)
+    args = [python, "-m", "pytest", "-p", "no:cacheprovider", f"--junitxml={junit}", *selection.paths]
+    keyword = keyword_of(selection, terms, extra)
+    if keyword:
+        args += ["-k", keyword]
+    started = time.time()
+    with open(log_dir / f"{selection.name}.log", "w") as log:
+        try:
+            subprocess.run(args,
+                           cwd=tree / selection.client,
+                           env=env,
+                           stdout=log,
+                           stderr=subprocess.STDOUT,
+                           timeout=timeout)
+        except subprocess.TimeoutExpired:
+            log.write(f"\nclient-tier: timed out after {timeout} s\n")
+    seconds = round(time.time() - started)
+    if not junit.exists():
+        return {}, seconds
+    return junit_tests(junit, f"{selection.client}/"), seconds
+
+
+def install_requirements(python):
+    subprocess.run([python, "-m", "pip", "install", "-q", "-r", str(REQUIREMENTS)], check=True)
+
+
+def write_report(summary, path):
+    lines = [
+        "# Client tier: transformers' and accelerate's DeepSpeed tests, fork vs pristine", "",
+        f"Generated by `tools/client-tier` ({summary['date']}; torch {summary['torch']}, Python {summary['python']},"
+        f" fork {summary['fork_version']}, pristine {summary['pristine_version']}).", "", *tables.header([
+            "selection", "collected", "run (fork / pristine)", "passed", "failed", "skipped", "regressions", "fixed",
+            "time (fork / pristine)"
+        ])
+    ]
+    for name, sel in summary["selections"].items():
+        fork, pristine = sel["sides"]["fork"], sel["sides"]["pristine"]
+        lines.append(f"| {name} | {sel['collected']} | {fork['run']} / {pristine['run']} | "
+                     f"{fork['passed']} / {pristine['passed']} | {fork['failed']} / {pristine['failed']} | "
+                     f"{fork['skipped']} / {pristine['skipped']} | {sel['categories'][REGRESSION]} | "
+                     f"{sel['categories']['fixed']} | {sel['seconds']['fork']} s / {sel['seconds']['pristine']} s |")
+    lines += ["", "Counts per side are fork / pristine.", ""]
+    for title, key in (("Regressions", "regressions"), ("Fixed on the fork", "fixed"), ("Passing on neither side",
+                                                                                        "both_fail")):
+        rows = [row for sel in summary["selections"].values() for row in sel[key]]
+        lines += [f"## {title} ({len(rows)})", ""]
+        lines += [f"- `{row['test_id']}`: {row['reason']}" for row in rows] or ["None."]
+        lines.append("")
+    lines += ["## Not run on a CPU, and why", ""]
+    for name, sel in summary["selections"].items():
+        for reason, tests in sel["not_run"].items():
+            lines.append(f"- {name}, {len(tests)} test(s): {reason}: " + ", ".join(f"`{test.rsplit('::', 1)[-1]}`"
+                                                                                   for test in tests))
+        for reason, count in sel["skip_reasons"].items():
+            lines.append(f"- {name}, {count} test(s) skipped by the test itself: {reason}")
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text("\n".join(lines) + "\n")
+
+
+def main():
+    parser = argparse.ArgumentParser(prog="client-tier", description=__doc__.splitlines()[0])
+    parser.add_argument("--tests", type=Path, default=REPO.parent / "shared" / "client-tests")
+    options.add_sides(parser,
+                      pristine_help="the side compared with: default pristine upstream (tools/test-against-upstream's "
+                      "venv on the fork's torch); another build of the fork works too, such as the last release")
+    parser.add_argument("--selections", nargs="+", choices=[s.name for s in SELECTIONS])
+    parser.add_argument("--work-dir", type=Path, default=REPO / "build" / "client-tier")
+    parser.add_argument("--report", type=Path, default=REPO / "docs" / "evidence" / "client_tier" / "report.md")
+    parser.add_argument("--timeout", type=int, default=3600, help="seconds per selection and side")
+    parser.add_argument("--fork-extensions-dir",
+                        type=Path,
+                        help="TORCH_EXTENSIONS_DIR of the fork side (default: one under the work dir); one where "
+                        "the same install built its ops already saves their JIT builds. The other side always "
+                        "builds in its own (its ops share the fork's names)")
+    parser.add_argument("-k",
+                        dest="keyword",
+                        default="",
+                        help="only the tests of the selections that also match this pytest -k expression")
+    options.add_report_only(parser)
+    args = parser.parse_args()
+    if args.report_only:
+        write_report(json.loads(args.report.with_suffix(".json").read_text()), args.report)
+        return 0
+    if not (args.tests / "transformers").is_dir() or not (args.tests / "accelerate").is_dir():
+        print(f"client-tier: no client tests at {args.tests} (transformers/ and accelerate/): pass --tests",
+              file=sys.stderr)
+        return 2
+    sides = {"fork": os.path.abspath(args.fork_python)}
+    sides["pristine"] = os.path.abspath(pristine_python(args.pristine_python, sides["fork"]))
+    versions = {}
+    for side, python in sides.items():
+        install_requirements(python)
+        probe = subprocess.run([
+            python, "-c", "import sys, torch, deepspeed; print(deepspeed.__version__, "
+            "torch.__version__, '%d.%d' % sys.version_info[:2])"
+        ],
+                               stdout=subprocess.PIPE,
+                               text=True,
+                               check=True)
+        versions[side] = probe.stdout.split()[-3:]
+    if versions["fork"][1:] != versions["pristine"][1:] or "+gafix" not in versions["fork"][0]:
+        print(f"client-tier: the sides must be the fork and pristine on one torch and Python, not {versions}",
+              file=sys.stderr)
+        return 2
+    work_dir = args.work_dir.resolve()
+    hf_home = work_dir / "hf_home"
+    trees = {side: scratch_tree(args.tests, work_dir, side) for side in sides}
+    # One set of stand-ins (random weights) for both sides: each side's models start from the same weights.
+    subprocess.run([sides["fork"], str(args.tests / "make_hub_standins.py")],
+                   env=side_env(work_dir, "fork", hf_home),
+                   stdout=subprocess.DEVNULL,
+                   check=True)
+    fp16 = cpu_has_fp16(sides["fork"])
+    chosen = [s for s in SELECTIONS if not args.selections or s.name in args.selections]
+    summary = {
+        "date": time.strftime("%Y-%m-%d"),
+        "fork_version": versions["fork"][0],
+        "pristine_version": versions["pristine"][0],
+        "torch": versions["fork"][1],
+        "python": versions["fork"][2],
+        "cpu_fp16": fp16,
+        "selections": {}
+    }
+    regressions = 0
+    for selection in chosen:
+        terms = left_out(selection, fp16)
+        results, seconds = {}, {}
+        for side, python in sides.items():
+            env = side_env(work_dir, side, hf_home, args.fork_extensions_dir if side == "fork" else None)
+            print(f"client-tier: {selection.name} on {side} ...", flush=True)
+            results[side], seconds[side] = run_selection(python, trees[side], selection, terms, args.keyword, env,
+                                                         work_dir / side, args.timeout)
+        env = side_env(work_dir, "fork", hf_home)
+        not_run = {}
+        for term, reason in terms.items():
+            only_term = keyword_of(selection, [], args.keyword) + f" and ({term})" if (selection.keyword
+                                                                                       or args.keyword) else term
+            ids = collected(sides["fork"], trees["fork"], selection, only_term, env)
+            if ids:
+                not_run.setdefault(reason, []).extend(f"{selection.client}/{i}" for i in ids)
+        rows = compare(results["fork"], results["pristine"])
+        skip_reasons = {}
+        for result in results["fork"].values():
+            if result["outcome"] == "skipped":
+                skip_reasons[result["reason"]] = skip_reasons.get(result["reason"], 0) + 1
+
+        def listed(category):
+            return [{
+                "test_id": r.test_id,
+                "reason": r.fork_reason or r.reason
+            } for r in rows if r.category == category]
+
+        summary["selections"][selection.name] = {
+            "collected":
+            len(collected(sides["fork"], trees["fork"], selection, keyword_of(selection, [], args.keyword), env)),
+            "sides": {
+                side: side_counts(tests)
+                for side, tests in results.items()
+            },
+            "categories":
+            category_counts(rows),
+            "regressions":
+            listed(REGRESSION),
+            "fixed":
+            listed("fixed"),
+            "both_fail":
+            listed("both fail"),
+            "not_run": {
+                reason: sorted(set(ids))
+                for reason, ids in not_run.items()
+            },
+            "skip_reasons":
+            skip_reasons,
+            "seconds":
+            seconds,
+            "outcomes":
+            results,
+        }
+        regressions += len(summary["selections"][selection.name]["regressions"])
+        print(f"client-tier: {selection.name}: {json.dumps(summary['selections'][selection.name]['categories'])}",
+              flush=True)
+    args.report.parent.mkdir(parents=True, exist_ok=True)
+    args.report.with_suffix(".json").write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
+    write_report(summary, args.report)
+    print(f"client-tier: {regressions} regression(s); report {args.report}")
+    return 1 if regressions else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,52 @@
+# SPDX-License-Identifier: Apache-2.0
+
+# DeepSpeed Team
+"""Virtual environments the tools build (pristine's, a version-matrix cell's, a CUDA build cell's): an interpreter of
+a Python version, a venv on it, pip into it, each step logged."""
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from toolkit.logs import run_logged
+
+
+class NoInterpreter(RuntimeError):
+    """No working interpreter of the Python version asked for."""
+
+
+def interpreter(python_version):
+    """An interpreter of that Python version (``"3.12"``): python3.X on PATH, else one pyenv installed (pyenv's shims
+    on PATH answer only for the versions it has enabled)."""
+    candidates = [shutil.which(f"python{python_version}")]
+    pyenv_root = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv"))
+    candidates += sorted(map(str, pyenv_root.glob(f"versions/{python_version}.*/bin/python{python_version}")))
+    for candidate in filter(None, candidates):
+        probe = subprocess.run([candidate, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                               stdout=subprocess.PIPE,
+                               stderr=subprocess.DEVNULL,
+                               text=True)
+        if probe.returncode == 0 and probe.stdout.strip() == python_version:
+            return candidate
+    raise NoInterpreter(f"no working python{python_version} (on PATH or under pyenv)")
+
+
+def python_of(venv):
+    return Path(venv) / "bin" / "python"
+
+
+def create(venv, base_python, log, env=None, cwd=None):
+    """A venv at ``venv`` on ``base_python``, unless one is there; the exit status (0 when it was there)."""
+    if python_of(venv).exists():
+        return 0
+    return run_logged([base_python, "-m", "venv", venv], log, env, cwd)[0]
+
+
+def pip_install(venv, args, log, env=None, cwd=None, timeout=None):
+    """``pip install -q ARGS`` in ``venv``; ``(returncode, seconds)``."""
+    return run_logged([python_of(venv), "-m", "pip", "install", "-q", "--disable-pip-version-check", *args],
+                      log,
+                      env,
+                      cwd,
+                      timeout=timeout)
