@@ -39,7 +39,10 @@ ENGINE_SURFACE = [
     "zero1_fp32_round_robin", "zero2_fp32_round_robin", "zero2_fp32_overlap_comm",
     "zero2_fp32_no_contiguous_gradients", "zero2_fp32_single_rank_buckets", "zero2_fp32_no_allgather_partitions",
     "zero2_fp32_disable_allgather", "zero3_fp32_no_overlap_no_contiguous", "zero3_fp32_fetch_one_at_a_time",
-    "zero3_offload_param_fp32", "zero2_bf16_fp32_communication"
+    "zero3_offload_param_fp32", "zero2_bf16_fp32_communication", "zero1_fp32_no_grad_norm", "zero2_fp32_no_grad_norm",
+    "zero3_fp32_hpz", "zero3_fp32_fetch_by_all_reduce", "zero3_fp32_allgather_sequential", "zero0_autocast_bf16",
+    "zero2_autocast_bf16", "zero2_fp32_warmup_lr", "zero3_offload_fp32_warmup_lr", "zero1_bf16_warmup_decay_lr",
+    "zero0_fp16_one_cycle", "zero0_fp32_torch_step_lr"
 ]
 MUST_PASS += ENGINE_SURFACE
 
@@ -61,8 +64,11 @@ SLOW_CASES += ["zero1_fp32", "zero2_fp32", "zero1_fp16_scale_growth", "zero2_fp1
 SLOW_CASES += ["zero2_offload_fp32_muon_clip", "zero2_offload_fp32_adagrad_clip", "zero2_offload_fp32_lion_clip"]
 # --small-buckets: CI runs ZeRO-3 (prefetch, persistence, sub-groups); ZeRO-1/2 and the bucket-bug control slow.
 SLOW_CASES += ["zero2_fp32_small_buckets"]
-# The engine-surface cases: CI keeps round robin on ZeRO-2 (0.19.8's failure) and parameter offload on ZeRO-3.
-SLOW_CASES += [case for case in ENGINE_SURFACE if case not in ("zero2_fp32_round_robin", "zero3_offload_param_fp32")]
+# The engine-surface cases: CI keeps round robin on ZeRO-2 (0.19.8's failure), parameter offload on ZeRO-3, and the
+# two the check once failed on a right engine (torch autocast's bf16 rounding, a learning-rate schedule).
+CI_ENGINE_SURFACE = ("zero2_fp32_round_robin", "zero3_offload_param_fp32", "zero2_autocast_bf16",
+                     "zero2_fp32_warmup_lr")
+SLOW_CASES += [case for case in ENGINE_SURFACE if case not in CI_ENGINE_SURFACE]
 
 # The cases each test of the 2-rank launch without a ``case`` parameter reads by name.
 CASES_READ_BY = {

@@ -231,6 +231,79 @@ CONFIGS.update({
     zero_with(2, {}, communication_data_type="fp32", **BF16, **CLIPPED_SGD),
 })
 
+# More of the engine's surface (docs/reference/engine_surface.md): the norm left uncomputed (ZeRO-1/2, no clipping),
+# hpZ's secondary weight partitions, ZeRO-3's other ways to fetch parameters, torch autocast (the check reads its
+# dtype: its rounding is bf16's, not fp32's) and learning-rate schedules (the reference steps the same schedule once
+# per step, so an engine stepping it per micro-batch fails at GAS > 1).
+WARMUP_LR = {"scheduler": {"type": "WarmupLR", "params": {"warmup_max_lr": 0.1, "warmup_num_steps": 3}}}
+CONFIGS.update({
+    "zero1_fp32_no_grad_norm":
+    zero_with(1, {"compute_grad_norm": False}, **NO_CLIP, **SGD),
+    "zero2_fp32_no_grad_norm":
+    zero_with(2, {"compute_grad_norm": False}, **NO_CLIP, **SGD),
+    "zero3_fp32_hpz":
+    zero_with(3, {"zero_hpz_partition_size": 2}, **CLIPPED_SGD),
+    "zero3_fp32_fetch_by_all_reduce":
+    zero_with(
+        3, {
+            "stage3_model_persistence_threshold": 0,
+            "stage3_param_persistence_threshold": 0,
+            "stage3_use_all_reduce_for_fetch_params": True,
+            "stage3_module_granularity_threshold": 1
+        }, **CLIPPED_SGD),
+    "zero3_fp32_allgather_sequential":
+    zero_with(3, {"stage3_allgather_sequential": True}, **CLIPPED_SGD),
+    "zero0_autocast_bf16":
+    zero_with(0, {}, torch_autocast={
+        "enabled": True,
+        "dtype": "bfloat16"
+    }, **CLIPPED_SGD),
+    "zero2_autocast_bf16":
+    zero_with(2, {}, torch_autocast={
+        "enabled": True,
+        "dtype": "bfloat16"
+    }, **CLIPPED_SGD),
+    "zero2_fp32_warmup_lr":
+    dict(zero(2), **WARMUP_LR, **CLIPPED_SGD),
+    "zero3_offload_fp32_warmup_lr":
+    dict(zero_offload(3), **WARMUP_LR, **CLIPPED_SGD),
+    "zero1_bf16_warmup_decay_lr":
+    dict(zero(1),
+         scheduler={
+             "type": "WarmupDecayLR",
+             "params": {
+                 "total_num_steps": 3,
+                 "warmup_max_lr": 0.1,
+                 "warmup_num_steps": 1
+             }
+         },
+         **BF16,
+         **CLIPPED_SGD),
+    "zero0_fp16_one_cycle":
+    dict(zero(0),
+         scheduler={
+             "type": "OneCycle",
+             "params": {
+                 "cycle_min_lr": 0.01,
+                 "cycle_max_lr": 0.1,
+                 "cycle_first_step_size": 2
+             }
+         },
+         fp16={
+             "enabled": True,
+             "initial_scale_power": 8
+         },
+         **CLIPPED_SGD),
+    "zero0_fp32_torch_step_lr":
+    dict(zero(0), scheduler={
+        "type": "StepLR",
+        "params": {
+            "step_size": 1,
+            "gamma": 0.5
+        }
+    }, **CLIPPED_SGD),
+})
+
 CASES = {name: (lambda config=config: check(config)) for name, config in CONFIGS.items()}
 
 

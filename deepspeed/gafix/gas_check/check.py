@@ -190,7 +190,8 @@ def split_against_reference(plan, index, micro, gas, global_reference):
                              plan.clip,
                              loss,
                              *precision,
-                             owned_spans=training.spans)
+                             owned_spans=training.spans,
+                             scheduler_config=config.get("scheduler"))
 
     dp_world = dist.get_world_size() // (workload.pipeline_stages or 1)
     # per_item: the mean over every item of the global batch (the whole batch as one micro-batch);
@@ -232,11 +233,28 @@ def split_against_reference(plan, index, micro, gas, global_reference):
     return result, global_reference
 
 
+# torch_autocast's "dtype" values (the engine's DtypeEnum spellings) by the precision they compute in.
+AUTOCAST_DTYPES = {
+    "bf16": ("bf16", "bfloat16", "torch.bfloat16"),
+    "fp16": ("fp16", "float16", "half", "torch.float16"),
+}
+
+
 def config_dtype(config):
+    """The precision the engine computes gradients in: the tolerance and the plain-PyTorch floor follow it."""
     if config.get("bf16", {}).get("enabled", False):
         return "bf16"
     if config.get("fp16", {}).get("enabled", False):
         return "fp16"
+    autocast = config.get("torch_autocast") or {}
+    if autocast.get("enabled", False):
+        # fp32 weights, but the forward and backward of the lower-precision-safe modules run in the autocast dtype:
+        # their rounding is that dtype's, not fp32's. Without "dtype", torch.autocast's default for the device.
+        default = "bf16" if get_accelerator().device_name() == "cpu" else "fp16"
+        spelled = str(autocast.get("dtype") or default)
+        for dtype, spellings in AUTOCAST_DTYPES.items():
+            if spelled in spellings:
+                return dtype
     return "fp32"
 
 

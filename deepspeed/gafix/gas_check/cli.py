@@ -187,8 +187,9 @@ def load_config(path, optimizer):
     elif "optimizer" not in config:
         config["optimizer"] = OPTIMIZER_PRESETS["sgd"]
         notes.append("config has no 'optimizer' section: checked with SGD, lr 0.1")
-    if "scheduler" in config:
-        notes.append("config key 'scheduler' left out: the reference keeps the learning rate constant")
+    if "scheduler" in config and config["optimizer"].get("type", "").lower() == "muon":
+        # The reference's Muon keeps its learning rates apart from param_groups, where a schedule sets them.
+        notes.append("config key 'scheduler' left out with Muon: the reference keeps the learning rate constant")
         config.pop("scheduler")
     return config, notes
 

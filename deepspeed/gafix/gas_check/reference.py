@@ -57,6 +57,25 @@ def reference_optimizer(params, optimizer_config):
                      f"Lion and Muon (pass --optimizer sgd, adamw, adagrad, lion or muon to check with one of those)")
 
 
+def reference_scheduler(optimizer, scheduler_config):
+    """The twin of the config's ``scheduler`` section on the reference optimizer, as the engine builds it: a class of
+    deepspeed.runtime.lr_schedules, else of torch.optim.lr_scheduler. The reference steps it once per step: the
+    learning rate of step k is the same whatever the split, which is what an engine stepping it per micro-batch, or
+    on a step it skipped, would break."""
+    if not scheduler_config:
+        return None
+    if isinstance(optimizer, MuonWithAdamW):
+        raise ValueError("config key 'scheduler' with Muon: the fp64 reference's Muon keeps its learning rates apart "
+                         "from param_groups, where a schedule sets them (ds_gas_check leaves the schedule out)")
+    from deepspeed.runtime import lr_schedules
+    name = scheduler_config.get("type")
+    kind = getattr(lr_schedules, str(name), None) or getattr(torch.optim.lr_scheduler, str(name), None)
+    if kind is None:
+        raise ValueError(f"config key 'scheduler.type' is '{name}': neither DeepSpeed's lr_schedules nor "
+                         "torch.optim.lr_scheduler has it")
+    return kind(optimizer, **scheduler_config.get("params", {}))
+
+
 def global_norm(parameters):
     grads = [p.grad.detach().norm() for p in parameters if p.grad is not None]
     return torch.linalg.vector_norm(torch.stack(grads)) if grads else torch.tensor(0.0, dtype=torch.float64)
@@ -78,7 +97,8 @@ def reference_run(model,
                   dtype=torch.float64,
                   device="cpu",
                   loss_scale=None,
-                  owned_spans=None):
+                  owned_spans=None,
+                  scheduler_config=None):
     """Train ``model`` on ``batches``, each split in ``micro_batches`` equal parts whose gradients are
     averaged, as the engine does over GAS x data-parallel ranks (1: the global batch at once).
 
@@ -90,7 +110,8 @@ def reference_run(model,
     summed in fp16 as a ``.half()`` model sums them (and every fp16 path of DeepSpeed: nothing configures
     it otherwise), then unscaled. A run in the engine's own precision shows how far rounding alone moves
     this model from the fp64 reference. ``owned_spans``: keep only this rank's elements of each step's weights
-    (the run itself needs the whole model).
+    (the run itself needs the whole model). ``scheduler_config``: the config's ``scheduler`` section, stepped after
+    each step.
     """
     low_precision = dtype in (torch.bfloat16, torch.float16)
     master = model.to(torch.float32 if low_precision else dtype)
@@ -99,6 +120,7 @@ def reference_run(model,
     params = [p for p in master.parameters() if p.requires_grad]
     work_params = [p for p in work.parameters() if p.requires_grad]
     optimizer = reference_optimizer(params, optimizer_config)
+    scheduler = reference_scheduler(optimizer, scheduler_config)
     run = ReferenceRun(weights=[named_weights(master, owned_spans)])
     scale = float(loss_scale or 1.0) if dtype == torch.float16 else 1.0
     for batch in batches:
@@ -132,6 +154,8 @@ def reference_run(model,
                     if p.grad is not None:
                         p.grad.mul_(coef)
         optimizer.step()
+        if scheduler is not None:
+            scheduler.step()
         if low_precision:
             with torch.no_grad():
                 for p, w in zip(params, work_params):
