@@ -294,6 +294,13 @@ CONFIGS.update({
              "initial_scale_power": 8
          },
          **CLIPPED_SGD),
+    "zero2_fp32_torch_cosine_lr":
+    dict(zero(2), scheduler={
+        "type": "CosineAnnealingLR",
+        "params": {
+            "T_max": 3
+        }
+    }, **CLIPPED_SGD),
     "zero0_fp32_torch_step_lr":
     dict(zero(0), scheduler={
         "type": "StepLR",
