@@ -126,7 +126,7 @@ ZERO3_SP = {
     "sequence_parallel_size": 2,
     "zero_optimization": {
         "stage": 3,
-        "zero_hpz_partition_size": 1
+        "zero_quantized_gradients": False
     },
     "optimizer": {
         "type": "AdamW",
@@ -145,7 +145,7 @@ def test_the_preflight_gives_each_set_key_its_coverage_row(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "map: covered: sequence_parallel_size: Ulysses SP 2" in out
     assert "map: covered: zero_optimization, zero_optimization.stage:" in out
-    assert "map: open: zero_optimization.zero_hpz_partition_size: hpZ" in out
+    assert "map: open: zero_optimization.zero_quantized_gradients: ZeRO++ qgZ" in out
     assert "optimizer.params" not in out  # an optimizer's own arguments are not engine keys
 
 
@@ -157,7 +157,7 @@ def test_a_run_tells_only_of_paths_not_checked_against_fp64(tmp_path, capsys, mo
     path.write_text(json.dumps(ZERO3_SP))
     cli.main(["--config", str(path), "--ranks", "2"])
     out = capsys.readouterr().out
-    assert launched and "map: open: zero_optimization.zero_hpz_partition_size" in out
+    assert launched and "map: open: zero_optimization.zero_quantized_gradients" in out
     assert "map: covered" not in out
 
 

@@ -47,6 +47,31 @@ BF16_FUSED_ADAM = {
     },
     "gradient_clipping": 1.0,
 }
+# SuperOffload (CUDA only): ZeRO-3 with the optimizer on the CPU, whose step runs speculatively before the norm is
+# known and is rolled back when clipping applies: a clipping threshold below the norm makes every step take that path.
+SUPER_OFFLOAD = {
+    "train_micro_batch_size_per_gpu": 4,
+    "gradient_accumulation_steps": 4,
+    "bf16": {
+        "enabled": True
+    },
+    "zero_optimization": {
+        "stage": 3,
+        "offload_optimizer": {
+            "device": "cpu",
+            "super_offload": True
+        }
+    },
+    "optimizer": {
+        "type": "Adam",
+        "params": {
+            "lr": 1e-3
+        }
+    },
+    "gradient_clipping": 0.1,
+}
+# The configs the ds_gas_check checks read, written into the record's folder.
+GAS_CHECK_CONFIGS = {"bf16_fused_adam.json": BF16_FUSED_ADAM, "superoffload.json": SUPER_OFFLOAD}
 # Step time per model: ZeRO-2 and ZeRO-3 at GAS 1 and 8, fresh workers per config, five alternating rounds
 # (on an H100: GPT-2 125M ~3.5 min; Llama 1B ~4 min). On a fresh machine give step-counts 5 minutes and
 # gas-check a few: their first use JIT-compiles the CPU Adam and FusedAdam ops.
@@ -199,6 +224,12 @@ def checks():
               "ds_gas_check, bf16 ZeRO-2 with FusedAdam, one GPU",
               "ds_gas_check exits 0 (every split PASS)",
               ["ds_gas_check", "--config", "{out}/bf16_fused_adam.json", "--ranks", "1"],
+              judge=judge_exit,
+              options={"ds_gas_check": ["--config", "--ranks"]}),
+        Check("gas-check-superoffload",
+              "ds_gas_check, bf16 ZeRO-3 SuperOffload (a speculative CPU step, rolled back under clipping), one GPU",
+              "ds_gas_check exits 0 (every split PASS)",
+              ["ds_gas_check", "--config", "{out}/superoffload.json", "--ranks", "1"],
               judge=judge_exit,
               options={"ds_gas_check": ["--config", "--ranks"]}),
         Check("norm-bandwidth",
@@ -359,7 +390,8 @@ def main(argv=None):
     date = datetime.date.today().isoformat()
     out = Path(args.out or REPO / "build" / "gpu-check" / date).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    (out / "bf16_fused_adam.json").write_text(json.dumps(BF16_FUSED_ADAM, indent=1) + "\n")
+    for name, config in GAS_CHECK_CONFIGS.items():
+        (out / name).write_text(json.dumps(config, indent=1) + "\n")
     env = environment(args.fork_python)
     if not env.get("device"):
         print(f"gpu-check: no CUDA device seen by {args.fork_python}: {env}", file=sys.stderr)
