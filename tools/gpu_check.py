@@ -203,35 +203,37 @@ def judge_exit(returncode, out):
     return returncode == 0, f"exit {returncode}"
 
 
+def pytest_check(name, what, criterion, test_file):
+    """A test file of ours on the GPU, judged by its JUnit outcomes (no CUDA case may skip)."""
+    return Check(
+        name,
+        f"{what} ({test_file})",
+        criterion,
+        ["{fork}", "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rA", test_file, f"--junitxml={{out}}/{name}.xml"],
+        judge=judge_pytest(f"{name}.xml", "cuda"))
+
+
+def gas_check(name, what, config_file):
+    """ds_gas_check on one GPU with one of GAS_CHECK_CONFIGS, written into the record's folder."""
+    return Check(name,
+                 f"ds_gas_check, {what}, one GPU",
+                 "ds_gas_check exits 0 (every split PASS)",
+                 ["ds_gas_check", "--config", f"{{out}}/{config_file}", "--ranks", "1"],
+                 judge=judge_exit,
+                 options={"ds_gas_check": ["--config", "--ranks"]})
+
+
 def checks():
     py = "{fork}"
     return [
-        Check("fused-norm",
-              "the fused_norm op on the GPU vs fp64 (tests/test_fused_norm.py)",
-              "pytest passes; no CUDA test skipped", [
-                  py, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rA", "tests/test_fused_norm.py",
-                  "--junitxml={out}/fused-norm.xml"
-              ],
-              judge=judge_pytest("fused-norm.xml", "cuda")),
-        Check("cuda-engines",
-              "16 engine paths on the GPU vs fp64, incl. fp16 (tests/test_cuda_engines.py)",
-              "pytest passes; no case skipped", [
-                  py, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rA", "tests/test_cuda_engines.py",
-                  "--junitxml={out}/cuda-engines.xml"
-              ],
-              judge=judge_pytest("cuda-engines.xml", "cuda")),
-        Check("gas-check-bf16-fused-adam",
-              "ds_gas_check, bf16 ZeRO-2 with FusedAdam, one GPU",
-              "ds_gas_check exits 0 (every split PASS)",
-              ["ds_gas_check", "--config", "{out}/bf16_fused_adam.json", "--ranks", "1"],
-              judge=judge_exit,
-              options={"ds_gas_check": ["--config", "--ranks"]}),
-        Check("gas-check-superoffload",
-              "ds_gas_check, bf16 ZeRO-3 SuperOffload (a speculative CPU step, rolled back under clipping), one GPU",
-              "ds_gas_check exits 0 (every split PASS)",
-              ["ds_gas_check", "--config", "{out}/superoffload.json", "--ranks", "1"],
-              judge=judge_exit,
-              options={"ds_gas_check": ["--config", "--ranks"]}),
+        pytest_check("fused-norm", "the fused_norm op on the GPU vs fp64", "pytest passes; no CUDA test skipped",
+                     "tests/test_fused_norm.py"),
+        pytest_check("cuda-engines", "16 engine paths on the GPU vs fp64, incl. fp16",
+                     "pytest passes; no case skipped", "tests/test_cuda_engines.py"),
+        gas_check("gas-check-bf16-fused-adam", "bf16 ZeRO-2 with FusedAdam", "bf16_fused_adam.json"),
+        gas_check("gas-check-superoffload",
+                  "bf16 ZeRO-3 SuperOffload (a speculative CPU step, rolled back under clipping)",
+                  "superoffload.json"),
         Check("norm-bandwidth",
               "fused norm vs a copy, GPT-2 125M/350M gradient sets (benchmarks/grad_norm_speed.py)",
               f"every set at least {NORM_OF_COPY:.0%} of the copy bandwidth, relative error <= 1e-6",
