@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 
 # DeepSpeed Team
-"""Launch N CPU ranks with the installed ``deepspeed`` launcher and collect what each rank reported.
+"""Launch N CPU ranks with the installed ``deepspeed`` launcher (or a client's, ``accelerate launch``) and collect
+what each rank reported.
 
 Start-up costs 15-40 s here, so one launch runs many cases (see ``rank_cases.py``); each launch
 gets a free master port, the run's private extensions directory, a hard timeout, and its
@@ -33,13 +34,30 @@ class LaunchError(AssertionError):
     """The launch failed as a whole: non-zero exit, timeout, or a rank that wrote no results."""
 
 
-def launcher_path():
-    """The ``deepspeed`` launcher of the interpreter running the tests, so the same install is tested."""
-    beside = Path(sys.executable).with_name("deepspeed")
-    found = str(beside) if beside.exists() else shutil.which("deepspeed")
+def installed_script(name):
+    """The console script ``name`` of the interpreter running the tests, so the same install is tested."""
+    beside = Path(sys.executable).with_name(name)
+    found = str(beside) if beside.exists() else shutil.which(name)
     if not found:
-        raise LaunchError("no 'deepspeed' launcher found beside python or on PATH: is deepspeed installed?")
+        raise LaunchError(f"no '{name}' found beside python or on PATH: is its package installed?")
     return found
+
+
+def deepspeed_command(nprocs, port):
+    """How ``run_launcher`` starts ranks by default: ``deepspeed --num_gpus N --no_local_rank``."""
+    return [installed_script("deepspeed"), "--num_gpus", str(nprocs), "--no_local_rank", "--master_port", str(port)]
+
+
+def accelerate_command(*options):
+    """``accelerate launch`` with ``options`` (``--use_deepspeed``, ``--zero_stage=3``, ...): a client's launcher."""
+
+    def command(nprocs, port):
+        return [
+            installed_script("accelerate"), "launch", f"--num_processes={nprocs}", "--num_machines=1",
+            f"--main_process_port={port}", *options
+        ]
+
+    return command
 
 
 @dataclass
@@ -69,19 +87,14 @@ class LaunchResult(LauncherRun):
 
 
 def run_launcher(script, nprocs, args=(), timeout=600, extensions_dir=None, env=None, on_timeout=None, launcher=None):
-    """Run ``deepspeed --num_gpus nprocs --no_local_rank script args...`` and return a LauncherRun.
+    """Run ``script args...`` on ``nprocs`` ranks and return a LauncherRun.
 
     A launch still running after ``timeout`` seconds is killed and raises LaunchError, with what
-    ``on_timeout()`` says about where the ranks were. ``launcher`` is another install's ``deepspeed``
-    script (default: the one of the interpreter running the tests).
+    ``on_timeout()`` says about where the ranks were. ``launcher(nprocs, port)`` gives the command before the
+    script (default ``deepspeed_command``).
     """
     port = free_port()
-    cmd = [
-        launcher or launcher_path(), "--num_gpus",
-        str(nprocs), "--no_local_rank", "--master_port",
-        str(port),
-        str(script), *args
-    ]
+    cmd = [*(launcher or deepspeed_command)(nprocs, port), str(script), *args]
     run_env = dict(os.environ)
     run_env.update(env or {})
     if extensions_dir:

@@ -24,13 +24,18 @@ CONFIGS = {
 }
 
 
-def save_seeded(model_name, directory, seed=0):
-    """Initialise ``model_name`` from its config with ``seed`` and save it to ``directory``."""
+def from_settings(settings, seed=0, attn_implementation="eager"):
+    """A causal LM initialised with ``seed`` from config ``settings`` (one of CONFIGS, or one made from it)."""
     from transformers import AutoConfig, AutoModelForCausalLM
-    settings = dict(CONFIGS[model_name])
+    settings = dict(settings)
     config = AutoConfig.for_model(settings.pop("model_type"), **settings)
     torch.manual_seed(seed)
-    AutoModelForCausalLM.from_config(config, attn_implementation="eager").save_pretrained(directory)
+    return AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation)
+
+
+def save_seeded(model_name, directory, seed=0):
+    """Initialise ``model_name`` from its config with ``seed`` and save it to ``directory``."""
+    from_settings(CONFIGS[model_name], seed).save_pretrained(directory)
 
 
 def load(directory, dtype=torch.float32):
