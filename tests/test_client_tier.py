@@ -4,9 +4,10 @@
 """Our clients' own DeepSpeed tests (tools/client-tier): the fast part, on the fork and on pristine upstream.
 
 transformers' Trainer at ZeRO-2 and ZeRO-3 (bf16): its basic training and its gradient-accumulation
-equivalence test, the family of bugs this fork exists for. Each must pass on the fork, and none may pass on
-pristine and fail on the fork. The whole tier (about 25 minutes a side here) runs
-before a release; its report is docs/evidence/client_tier/report.md.
+equivalence test; accelerate's test_deepspeed_gradient_accumulation.py (the accumulation boundary handed to
+DeepSpeed, sync_gradients in backward, clip_grad_norm_ returning DeepSpeed's norm; fp16 with CPU offload): the
+family of bugs this fork exists for. Each must pass on the fork, and none may pass on pristine and fail on the
+fork. The whole tier runs before a release; its report is docs/evidence/client_tier/report.md.
 """
 
 import importlib.util
@@ -21,7 +22,9 @@ from helpers.pristine import pristine_python
 from helpers.repo import REPO
 
 CLIENT_TESTS = REPO.parent / "shared" / "client-tests"
+# pytest's -k is case-insensitive and matches file names: "gradient_accumulation" takes accelerate's whole file.
 FAST = "basic_training or gradient_accumulation"
+SELECTIONS = ("transformers-trainer", "accelerate")
 
 pytestmark = pytest.mark.fork_only
 
@@ -41,7 +44,7 @@ def test_client_tier_fast_part_has_no_regression(tmp_path, extensions_dir):
     report = tmp_path / "report.md"
     proc = subprocess.run([
         sys.executable,
-        str(REPO / "tools" / "client-tier"), "--selections", "transformers-trainer", "-k", FAST, "--pristine-python",
+        str(REPO / "tools" / "client-tier"), "--selections", *SELECTIONS, "-k", FAST, "--pristine-python",
         pristine_python(), "--work-dir",
         str(tmp_path / "work"), "--fork-extensions-dir",
         str(extensions_dir), "--report",
@@ -52,9 +55,11 @@ def test_client_tier_fast_part_has_no_regression(tmp_path, extensions_dir):
                           text=True)
     print(proc.stdout[-6000:])
     assert proc.returncode == 0, proc.stdout[-6000:]
-    summary = json.loads(report.with_suffix(".json").read_text())["selections"]["transformers-trainer"]
-    assert summary["categories"]["regression"] == 0
-    # Pristine 0.19.8 fails every one of these (patch 0031's bug), so "no regression" alone would pass a fork that
-    # failed them too: on the fork each must pass.
-    fork = summary["sides"]["fork"]
-    assert fork["run"] >= 4 and fork["passed"] == fork["run"], summary["outcomes"]["fork"]
+    selections = json.loads(report.with_suffix(".json").read_text())["selections"]
+    # Pristine 0.19.8 fails every Trainer test here (patch 0031's bug), so "no regression" alone would pass a fork
+    # that failed them too: on the fork each must pass.
+    for name, least in zip(SELECTIONS, (4, 3)):
+        summary = selections[name]
+        assert summary["categories"]["regression"] == 0, summary["regressions"]
+        fork = summary["sides"]["fork"]
+        assert fork["run"] >= least and fork["passed"] == fork["run"], summary["outcomes"]["fork"]

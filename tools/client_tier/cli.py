@@ -8,18 +8,23 @@
     tools/client-tier --fork-python X --pristine-python Y
 
 The tests are the clients' files in ../shared/client-tests (or --tests), run unchanged from a scratch copy per
-side. On a CPU three things stand between them and DeepSpeed, and this tier removes only those:
+side. On a CPU a few things stand between them and DeepSpeed, and this tier removes only those:
 - transformers' class gate require_torch_accelerator: tools/client_tier/transformers_cpu_shim.py re-exports the
   classes without it (method gates stay);
 - TrainingArguments refuses bf16 without a GPU unless use_cpu is set: the shim sets it (DeepSpeed still runs
   the engine; only the device check changes);
-- tiny hub models by name: local stand-ins with random weights (the clients' make_hub_standins.py), written
-  once and shared by both sides, for tests that need "a tiny model", not its weights.
+- accelerate's gates require_non_cpu and require_multi_device, and DeepSpeed's CPU accelerator refusing fp16:
+  tools/client_tier/accelerate_cpu/sitecustomize.py, first on PYTHONPATH, lifts them in pytest and in every rank
+  a test launches (2 gloo ranks stand for the devices);
+- tiny hub models by name: local stand-ins with random weights (the clients' make_hub_standins.py, and
+  tools/client_tier/standins.py for the ones it lacks), written once and shared by both sides, for tests that
+  need "a tiny model", not its weights.
 What still cannot run on a CPU is deselected with its reason (SELECTIONS) and listed in the report.
 
 Each side runs in its interpreter (pristine: the venv of tools/test-against-upstream, on the fork's torch and
 Python), with the same client packages; the outcomes are classified as upstream's suite is
-(tools/upstream_suite/classify.py): a regression is a test that passes on pristine and not on the fork.
+(tools/upstream_suite/classify.py): a regression is a test that passes on pristine and not on the fork. A test the
+sides disagree on runs once more on the side that did worse; the second outcome stands, the first is in the report.
 """
 
 import argparse
@@ -33,10 +38,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from toolkit import REPO, junit, options, tables
-from upstream_suite.classify import REGRESSION, category_counts, compare, side_counts
+from upstream_suite.classify import FIXED, REGRESSION, category_counts, compare, side_counts
 from toolkit.sides import clean_environ, pristine_python
 
 SHIM = REPO / "tools" / "client_tier" / "transformers_cpu_shim.py"
+ACCELERATE_SHIM = REPO / "tools" / "client_tier" / "accelerate_cpu"
 REQUIREMENTS = REPO / "tools" / "client_tier" / "requirements.txt"
 FP16 = "fp16: DeepSpeed's CPU accelerator has no fp16 on this CPU (no AVX512-FP16/AMX)"
 
@@ -50,6 +56,8 @@ class Selection:
     # -k terms left out, each with why it cannot run on a CPU; fp16 terms only where the CPU lacks fp16.
     not_on_cpu: dict = field(default_factory=dict)
     fp16_terms: tuple = ()
+    # A folder put first on PYTHONPATH of pytest and of what it launches (a sitecustomize.py shim), if any.
+    shim_path: Path = None
 
 
 SELECTIONS = [
@@ -70,7 +78,16 @@ SELECTIONS = [
     Selection("accelerate",
               "accelerate", ["tests/deepspeed", "tests/test_dataclasses.py"],
               keyword="deepspeed or DeepSpeed",
-              fp16_terms=("DeepSpeedGradientAccumulationTest", )),
+              not_on_cpu={
+                  "test_basic_run":
+                  "launches accelerate's test_performance.py, which needs the evaluate package, "
+                  "distilbert-base-uncased and the GLUE MRPC dataset from the hub",
+              },
+              shim_path=ACCELERATE_SHIM),
+    # The files as shipped, without the shim: their device gates skip nearly every test on a CPU.
+    Selection("accelerate-as-shipped",
+              "accelerate", ["tests/deepspeed", "tests/test_dataclasses.py"],
+              keyword="deepspeed or DeepSpeed"),
 ]
 
 
@@ -107,8 +124,12 @@ def scratch_tree(tests, work_dir, side):
     return tree
 
 
-def side_env(work_dir, side, hf_home, extensions_dir=None):
+def side_env(python, work_dir, side, hf_home, extensions_dir=None, shim_path=None):
     env = clean_environ()
+    # Tests launch the side's console scripts by name (accelerate launch): its bin folder comes first.
+    env["PATH"] = os.pathsep.join([str(Path(python).parent), env.get("PATH", os.defpath)])
+    if shim_path:
+        env["PYTHONPATH"] = str(shim_path)
     env.update(DS_ACCELERATOR="cpu",
                HF_HUB_OFFLINE="1",
                TRANSFORMERS_OFFLINE="1",
@@ -139,15 +160,16 @@ def collected(python, tree, selection, keyword, env):
     return [line for line in proc.stdout.splitlines() if "::" in line]
 
 
-def run_selection(python, tree, selection, terms, extra, env, log_dir, timeout):
-    junit = log_dir / f"{selection.name}.xml"
+def run_selection(python, tree, selection, keyword, env, log_dir, timeout, targets=None, name=None):
+    """Run the selection's tests (or ``targets``, pytest node ids) on one side; {test id: {outcome, reason}}."""
+    name = name or selection.name
+    junit = log_dir / f"{name}.xml"
     junit.unlink(missing_ok=True)
-    args = [python, "-m", "pytest", "-p", "no:cacheprovider", f"--junitxml={junit}", *selection.paths]
-    keyword = keyword_of(selection, terms, extra)
+    args = [python, "-m", "pytest", "-p", "no:cacheprovider", f"--junitxml={junit}", *(targets or selection.paths)]
     if keyword:
         args += ["-k", keyword]
     started = time.time()
-    with open(log_dir / f"{selection.name}.log", "w") as log:
+    with open(log_dir / f"{name}.log", "w") as log:
         try:
             subprocess.run(args,
                            cwd=tree / selection.client,
@@ -163,6 +185,45 @@ def run_selection(python, tree, selection, terms, extra, env, log_dir, timeout):
     return junit_tests(junit, f"{selection.client}/"), seconds
 
 
+def node_id(client_tree, test_id):
+    """pytest's node id of a JUnit test id (``client/dotted.module.Class::name``), or None when no file matches."""
+    classname, name = test_id.split("/", 1)[1].rsplit("::", 1)
+    parts = classname.split(".")
+    for end in range(len(parts), 0, -1):
+        module = Path(*parts[:end]).with_suffix(".py")
+        if (client_tree / module).is_file():
+            return "::".join([module.as_posix(), *parts[end:], name])
+    return None
+
+
+def rerun_disagreements(results, sides, trees, selection, envs, work_dir, timeout):
+    """Run once more, on the side that did worse, each test the sides disagree on (a regression or a fix): a rank
+    crashing at exit must not read as either side's doing. The second outcome stands; the first is returned."""
+    worse = {"fork": [], "pristine": []}
+    for row in compare(results["fork"], results["pristine"]):
+        side = {REGRESSION: "fork", FIXED: "pristine"}.get(row.category)
+        if side and row.test_id in results[side]:
+            worse[side].append(row.test_id)
+    reruns = []
+    for side, test_ids in worse.items():
+        nodes = {node_id(trees[side] / selection.client, test_id): test_id for test_id in test_ids}
+        nodes.pop(None, None)
+        if not nodes:
+            continue
+        again, _ = run_selection(sides[side], trees[side], selection, "", envs[side], work_dir / side, timeout,
+                                 list(nodes), f"{selection.name}-rerun")
+        for test_id in nodes.values():
+            if test_id in again:
+                reruns.append({
+                    "test_id": test_id,
+                    "side": side,
+                    "first": results[side][test_id],
+                    "again": again[test_id]
+                })
+                results[side][test_id] = again[test_id]
+    return reruns
+
+
 def install_requirements(python):
     subprocess.run([python, "-m", "pip", "install", "-q", "-r", str(REQUIREMENTS)], check=True)
 
@@ -171,6 +232,7 @@ def write_report(summary, path):
     lines = [
         "# Client tier: transformers' and accelerate's DeepSpeed tests, fork vs pristine", "",
         f"Generated by `tools/client-tier` ({summary['date']}; torch {summary['torch']}, Python {summary['python']},"
+        f" transformers {summary['transformers']}, accelerate {summary['accelerate']},"
         f" fork {summary['fork_version']}, pristine {summary['pristine_version']}).", "", *tables.header([
             "selection", "collected", "run (fork / pristine)", "passed", "failed", "skipped", "regressions", "fixed",
             "time (fork / pristine)"
@@ -189,6 +251,16 @@ def write_report(summary, path):
         lines += [f"## {title} ({len(rows)})", ""]
         lines += [f"- `{row['test_id']}`: {row['reason']}" for row in rows] or ["None."]
         lines.append("")
+    reruns = [row for sel in summary["selections"].values() for row in sel.get("reruns", [])]
+    lines += [
+        f"## Run twice ({len(reruns)})", "",
+        "A test the sides disagree on runs once more on the side that did worse; the second outcome stands.", ""
+    ]
+    lines += [
+        f"- `{row['test_id']}`, {row['side']}: {row['first']['outcome']} ({row['first']['reason'][:120]}), then "
+        f"{row['again']['outcome']}" for row in reruns
+    ] or ["None."]
+    lines.append("")
     lines += ["## Not run on a CPU, and why", ""]
     for name, sel in summary["selections"].items():
         for reason, tests in sel["not_run"].items():
@@ -234,25 +306,30 @@ def main():
     for side, python in sides.items():
         install_requirements(python)
         probe = subprocess.run([
-            python, "-c", "import sys, torch, deepspeed; print(deepspeed.__version__, "
-            "torch.__version__, '%d.%d' % sys.version_info[:2])"
+            python, "-c", "import sys, torch, deepspeed, transformers, accelerate; print(deepspeed.__version__, "
+            "torch.__version__, '%d.%d' % sys.version_info[:2], transformers.__version__, accelerate.__version__)"
         ],
                                stdout=subprocess.PIPE,
                                text=True,
                                check=True)
-        versions[side] = probe.stdout.split()[-3:]
+        versions[side] = probe.stdout.split()[-5:]
+    # Only deepspeed may differ: a difference in the clients' versions would read as the fork's.
     if versions["fork"][1:] != versions["pristine"][1:] or "+gafix" not in versions["fork"][0]:
-        print(f"client-tier: the sides must be the fork and pristine on one torch and Python, not {versions}",
-              file=sys.stderr)
+        print(
+            "client-tier: the sides must be the fork and pristine on one torch, Python, transformers and accelerate,"
+            f" not {versions}",
+            file=sys.stderr)
         return 2
     work_dir = args.work_dir.resolve()
     hf_home = work_dir / "hf_home"
     trees = {side: scratch_tree(args.tests, work_dir, side) for side in sides}
     # One set of stand-ins (random weights) for both sides: each side's models start from the same weights.
-    subprocess.run([sides["fork"], str(args.tests / "make_hub_standins.py")],
-                   env=side_env(work_dir, "fork", hf_home),
-                   stdout=subprocess.DEVNULL,
-                   check=True)
+    for standins in ([str(args.tests / "make_hub_standins.py")], ["-m", "client_tier.standins"]):
+        subprocess.run([sides["fork"], *standins],
+                       cwd=REPO / "tools",
+                       env=side_env(sides["fork"], work_dir, "fork", hf_home),
+                       stdout=subprocess.DEVNULL,
+                       check=True)
     fp16 = cpu_has_fp16(sides["fork"])
     chosen = [s for s in SELECTIONS if not args.selections or s.name in args.selections]
     summary = {
@@ -261,19 +338,24 @@ def main():
         "pristine_version": versions["pristine"][0],
         "torch": versions["fork"][1],
         "python": versions["fork"][2],
+        "transformers": versions["fork"][3],
+        "accelerate": versions["fork"][4],
         "cpu_fp16": fp16,
         "selections": {}
     }
     regressions = 0
     for selection in chosen:
         terms = left_out(selection, fp16)
-        results, seconds = {}, {}
+        results, seconds, envs = {}, {}, {}
         for side, python in sides.items():
-            env = side_env(work_dir, side, hf_home, args.fork_extensions_dir if side == "fork" else None)
+            envs[side] = side_env(python, work_dir, side, hf_home,
+                                  args.fork_extensions_dir if side == "fork" else None, selection.shim_path)
             print(f"client-tier: {selection.name} on {side} ...", flush=True)
-            results[side], seconds[side] = run_selection(python, trees[side], selection, terms, args.keyword, env,
+            results[side], seconds[side] = run_selection(python, trees[side], selection,
+                                                         keyword_of(selection, terms, args.keyword), envs[side],
                                                          work_dir / side, args.timeout)
-        env = side_env(work_dir, "fork", hf_home)
+        reruns = rerun_disagreements(results, sides, trees, selection, envs, work_dir, args.timeout)
+        env = side_env(sides["fork"], work_dir, "fork", hf_home, shim_path=selection.shim_path)
         not_run = {}
         for term, reason in terms.items():
             only_term = keyword_of(selection, [], args.keyword) + f" and ({term})" if (selection.keyword
@@ -316,6 +398,8 @@ def main():
             skip_reasons,
             "seconds":
             seconds,
+            "reruns":
+            reruns,
             "outcomes":
             results,
         }
