@@ -5,7 +5,7 @@
 
 torch: from the oldest release upstream's own CI installs (2.7.1) to the newest the package registry serves.
 Python: 3.11 to 3.13. The test suite trains through the Hugging Face versions the fork is tested with
-(requirements-hf.txt: transformers 5.23.0 requires Python 3.11), so 3.10 cannot run it (upstream's CI only
+(requirements-hf.txt: transformers 5.24.0 requires Python 3.11), so 3.10 cannot run it (upstream's CI only
 smoke-tests installing on 3.10); 3.9 is past its end of life and its newest torch is 2.8.0.
 
 The metadata only states the range: the install requirements stay upstream's (``torch>=2.0.0``, no
