@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers.launch import launch_cases
+from helpers.launch import deepspeed_command, launch_cases
 from helpers.pristine import pristine_python
 from helpers.selection import selected_params
 
@@ -82,7 +82,7 @@ def swapped(tmp_path_factory, extensions_dir, request):
     selected = set(selected_params(request, "config", "swapped"))
     configs = [config for config in CONFIGS if config in selected]
     fork_launcher = None
-    pristine_launcher = str(Path(pristine_python()).with_name("deepspeed"))
+    pristine_launcher = deepspeed_command(str(Path(pristine_python()).with_name("deepspeed")))
     written = {"pristine": root / "pristine", "fork": root / "fork"}
 
     def launch(launcher, *args):

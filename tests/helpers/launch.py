@@ -43,9 +43,18 @@ def installed_script(name):
     return found
 
 
-def deepspeed_command(nprocs, port):
-    """How ``run_launcher`` starts ranks by default: ``deepspeed --num_gpus N --no_local_rank``."""
-    return [installed_script("deepspeed"), "--num_gpus", str(nprocs), "--no_local_rank", "--master_port", str(port)]
+def deepspeed_command(launcher=None):
+    """``deepspeed --num_gpus N --no_local_rank``: the launcher of the interpreter running the tests (what
+    ``run_launcher`` starts by default), or another install's (``launcher``, a path: pristine's)."""
+
+    def command(nprocs, port):
+        return [
+            launcher or installed_script("deepspeed"), "--num_gpus",
+            str(nprocs), "--no_local_rank", "--master_port",
+            str(port)
+        ]
+
+    return command
 
 
 def accelerate_command(*options):
@@ -91,10 +100,10 @@ def run_launcher(script, nprocs, args=(), timeout=600, extensions_dir=None, env=
 
     A launch still running after ``timeout`` seconds is killed and raises LaunchError, with what
     ``on_timeout()`` says about where the ranks were. ``launcher(nprocs, port)`` gives the command before the
-    script (default ``deepspeed_command``).
+    script (default ``deepspeed_command()``).
     """
     port = free_port()
-    cmd = [*(launcher or deepspeed_command)(nprocs, port), str(script), *args]
+    cmd = [*(launcher or deepspeed_command())(nprocs, port), str(script), *args]
     run_env = dict(os.environ)
     run_env.update(env or {})
     if extensions_dir:
