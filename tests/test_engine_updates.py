@@ -35,6 +35,16 @@ TOLERANCE = {
         for how in ("prescale", "predivide")
         for path in ("zero0", "zero1", "zero2_allreduce", "zero3_allreduce")
     },
+    # deepspeed.checkpointing's recomputation (the layers after the first): reentrant at ZeRO 0-3, non-reentrant at
+    # ZeRO 0-2 (under ZeRO-3 it raises in backward: upstream issue #4595).
+    **{
+        f"checkpointed_zero{stage}_fp32": 1e-4
+        for stage in range(4)
+    },
+    **{
+        f"non_reentrant_checkpointed_zero{stage}_fp32": 1e-4
+        for stage in range(3)
+    },
     "pipe2_fp32_clip_off": 1e-4,
     "pipe2_fp32_clip_on": 1e-4,
 }

@@ -78,16 +78,39 @@ def pipeline_step(micro, gas, clip):
     return compare(observed, {name: expected[name] for name in observed})
 
 
-def data_parallel_step(micro, gas, clip, extra_config, trainer_scaled=False, tensor_backward=False):
+class Checkpointed(torch.nn.Sequential):
+    """The layers with every one after the first recomputed in backward by ``checkpoint`` (one of
+    deepspeed.checkpointing's), as a model checkpoints its blocks and not its input layer: a reentrant checkpoint
+    of a block whose input needs no gradient would give its weights none."""
+
+    def __init__(self, layers, checkpoint):
+        super().__init__(*layers)
+        self.checkpoint = checkpoint
+
+    def forward(self, x):
+        first, *rest = self
+        x = first(x)
+        for layer in rest:
+            x = self.checkpoint(layer, x)
+        return x
+
+
+def data_parallel_step(micro, gas, clip, extra_config, trainer_scaled=False, tensor_backward=False, checkpoint=None):
     """nn.Sequential on every rank, a backward and step() per micro-batch, one optimizer step.
 
     ``trainer_scaled``: the caller divides the loss by the GAS itself and sets
     ``engine.scale_wrt_gas = False`` (fairseq's DeepSpeed trainer does): the engine must not divide a
     second time. ``tensor_backward``: ``loss.backward()`` instead of ``engine.backward(loss)``.
+    ``checkpoint``: the name of a deepspeed.checkpointing function recomputing the layers after the first, set up
+    from the config's ``activation_checkpointing`` as its users do (``deepspeed.checkpointing.configure``).
     """
     layers = make_layers()
-    model = torch.nn.Sequential(*copy.deepcopy(layers))
     config = dict(base_config(micro, gas, clip), **extra_config)
+    if checkpoint:
+        deepspeed.checkpointing.configure(None, deepspeed_config=config)
+        model = Checkpointed(copy.deepcopy(layers), getattr(deepspeed.checkpointing, checkpoint))
+    else:
+        model = torch.nn.Sequential(*copy.deepcopy(layers))
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
     if trainer_scaled:
         engine.scale_wrt_gas = False
@@ -179,6 +202,18 @@ ZERO_ALLREDUCE = {
     },
 }
 
+# deepspeed.checkpointing set up from the config without a model-parallel group (partitioned activations and their
+# CPU copies need one). non_reentrant_checkpoint under ZeRO-3 raises in backward (upstream issue #4595: the
+# recomputation meets partitioned weights), so it is not among the cases.
+ACTIVATION_CHECKPOINTING = {"activation_checkpointing": {"synchronize_checkpoint_boundary": True}}
+ZERO_STAGES = {"zero0": {}, **{f"zero{stage}": {"zero_optimization": {"stage": stage}} for stage in (1, 2, 3)}}
+CHECKPOINTED = {
+    f"{name}_{path}_fp32": (checkpoint, dict(zero, **ACTIVATION_CHECKPOINTING))
+    for name, checkpoint in (("checkpointed", "checkpoint"), ("non_reentrant_checkpointed",
+                                                              "non_reentrant_checkpoint"))
+    for path, zero in ZERO_STAGES.items() if (checkpoint, path) != ("non_reentrant_checkpoint", "zero3")
+}
+
 # Pipeline cases last: the pipeline grid stays in deepspeed.utils.groups for the process's lifetime
 # and would make later non-pipeline engines see a model-parallel world of 2.
 CASES = {
@@ -202,6 +237,10 @@ CASES = {
         f"{how}_{path}_fp32": over_splits(data_parallel_step, SPLITS, 0.0, dict(ZERO_ALLREDUCE[path], **PRESCALING[how]))
         for how in PRESCALING
         for path in ZERO_ALLREDUCE
+    },
+    **{
+        name: over_splits(data_parallel_step, SPLITS, 0.5, config, False, False, checkpoint)
+        for name, (checkpoint, config) in CHECKPOINTED.items()
     },
     "pipe2_fp32_clip_off":
     over_splits(pipeline_step, SPLITS, 0.0),
