@@ -60,6 +60,8 @@ def test_client_tier_fast_part_has_no_regression(tmp_path, extensions_dir):
     # that failed them too: on the fork each must pass.
     for name, least in zip(SELECTIONS, (4, 3)):
         summary = selections[name]
+        for side, outcomes in summary["outcomes"].items():  # by name in the log (pytest -rA shows it)
+            print("\n".join(f"{side}: {test_id}: {result['outcome']}" for test_id, result in sorted(outcomes.items())))
         assert summary["categories"]["regression"] == 0, summary["regressions"]
         fork = summary["sides"]["fork"]
         assert fork["run"] >= least and fork["passed"] == fork["run"], summary["outcomes"]["fork"]
