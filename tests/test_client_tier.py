@@ -3,7 +3,7 @@
 # DeepSpeed Team
 """Our clients' own DeepSpeed tests (tools/client-tier): the fast part, on the fork and on pristine upstream.
 
-transformers' Trainer at ZeRO-2 and ZeRO-3 (bf16): its basic training and its gradient-accumulation
+transformers' Trainer at ZeRO-2 and ZeRO-3 (bf16 and fp16): its basic training and its gradient-accumulation
 equivalence test; accelerate's test_deepspeed_gradient_accumulation.py (the accumulation boundary handed to
 DeepSpeed, sync_gradients in backward, clip_grad_norm_ returning DeepSpeed's norm; fp16 with CPU offload): the
 family of bugs this fork exists for. Each must pass on the fork, and none may pass on pristine and fail on the
@@ -58,7 +58,7 @@ def test_client_tier_fast_part_has_no_regression(tmp_path, extensions_dir):
     selections = json.loads(report.with_suffix(".json").read_text())["selections"]
     # Pristine 0.19.8 fails every Trainer test here (patch 0031's bug), so "no regression" alone would pass a fork
     # that failed them too: on the fork each must pass.
-    for name, least in zip(SELECTIONS, (4, 3)):
+    for name, least in zip(SELECTIONS, (8, 3)):
         summary = selections[name]
         for side, outcomes in summary["outcomes"].items():  # by name in the log (pytest -rA shows it)
             print("\n".join(f"{side}: {test_id}: {result['outcome']}" for test_id, result in sorted(outcomes.items())))

@@ -14,8 +14,8 @@ side. On a CPU a few things stand between them and DeepSpeed, and this tier remo
 - TrainingArguments refuses bf16 without a GPU unless use_cpu is set: the shim sets it (DeepSpeed still runs
   the engine; only the device check changes);
 - accelerate's gates require_non_cpu and require_multi_device, and DeepSpeed's CPU accelerator refusing fp16:
-  tools/client_tier/accelerate_cpu/sitecustomize.py, first on PYTHONPATH, lifts them in pytest and in every rank
-  a test launches (2 gloo ranks stand for the devices);
+  tools/client_tier/cpu_shim/sitecustomize.py, first on PYTHONPATH of every selection but the as-shipped ones, lifts
+  them in pytest and in every rank a test launches (2 gloo ranks stand for the devices);
 - tiny hub models by name: local stand-ins with random weights (the clients' make_hub_standins.py, and
   tools/client_tier/standins.py for the ones it lacks), written once and shared by both sides, for tests that
   need "a tiny model", not its weights.
@@ -42,9 +42,8 @@ from upstream_suite.classify import FIXED, REGRESSION, category_counts, compare,
 from toolkit.sides import clean_environ, pristine_python
 
 SHIM = REPO / "tools" / "client_tier" / "transformers_cpu_shim.py"
-ACCELERATE_SHIM = REPO / "tools" / "client_tier" / "accelerate_cpu"
+CPU_SHIM = REPO / "tools" / "client_tier" / "cpu_shim"
 REQUIREMENTS = REPO / "tools" / "client_tier" / "requirements.txt"
-FP16 = "fp16: DeepSpeed's CPU accelerator has no fp16 on this CPU (no AVX512-FP16/AMX)"
 
 
 @dataclass
@@ -53,9 +52,8 @@ class Selection:
     client: str  # the tree under the client tests, where pytest runs
     paths: list
     keyword: str = ""
-    # -k terms left out, each with why it cannot run on a CPU; fp16 terms only where the CPU lacks fp16.
+    # -k terms left out, each with why it cannot run on a CPU.
     not_on_cpu: dict = field(default_factory=dict)
-    fp16_terms: tuple = ()
     # A folder put first on PYTHONPATH of pytest and of what it launches (a sitecustomize.py shim), if any.
     shim_path: Path = None
 
@@ -65,13 +63,13 @@ SELECTIONS = [
               "transformers", ["tests/trainer/distributed/test_ds_cpu_shim.py::TestDSCpu"],
               not_on_cpu={
                   "nvme": "ZeRO-Infinity NVMe offload needs libaio and an NVMe path",
-                  "hyperparameter": "needs optuna, and runs fp16",
+                  "hyperparameter": "needs optuna",
                   "load_best_model": "loads a T5 tokenizer from the hub (its fixture is not in the client files)",
               },
-              fp16_terms=("fp16", "ds_config_object", "no_optimizer_no_scheduler", "hf_ds_config_mismatch")),
+              shim_path=CPU_SHIM),
     Selection("transformers-non-trainer",
               "transformers", ["tests/trainer/distributed/test_ds_cpu_shim.py::TestDSCpuNonTrainer"],
-              fp16_terms=("fp16", )),
+              shim_path=CPU_SHIM),
     # The file as shipped: its class gates skip every test on a CPU (counted, so nothing is hidden).
     Selection("transformers-as-shipped", "transformers",
               ["tests/trainer/distributed/test_trainer_distributed_deepspeed.py"]),
@@ -83,26 +81,12 @@ SELECTIONS = [
                   "launches accelerate's test_performance.py, which needs the evaluate package, "
                   "distilbert-base-uncased and the GLUE MRPC dataset from the hub",
               },
-              shim_path=ACCELERATE_SHIM),
+              shim_path=CPU_SHIM),
     # The files as shipped, without the shim: their device gates skip nearly every test on a CPU.
     Selection("accelerate-as-shipped",
               "accelerate", ["tests/deepspeed", "tests/test_dataclasses.py"],
               keyword="deepspeed or DeepSpeed"),
 ]
-
-
-def cpu_has_fp16(python):
-    probe = subprocess.run([python, "-c", "import torch; print(torch.ops.mkldnn._is_mkldnn_fp16_supported())"],
-                           stdout=subprocess.PIPE,
-                           text=True)
-    return probe.stdout.strip().endswith("True")
-
-
-def left_out(selection, fp16):
-    terms = dict(selection.not_on_cpu)
-    if not fp16:
-        terms.update({term: FP16 for term in selection.fp16_terms})
-    return terms
 
 
 def keyword_of(selection, terms, extra=""):
@@ -330,7 +314,6 @@ def main():
                        env=side_env(sides["fork"], work_dir, "fork", hf_home),
                        stdout=subprocess.DEVNULL,
                        check=True)
-    fp16 = cpu_has_fp16(sides["fork"])
     chosen = [s for s in SELECTIONS if not args.selections or s.name in args.selections]
     summary = {
         "date": time.strftime("%Y-%m-%d"),
@@ -340,12 +323,11 @@ def main():
         "python": versions["fork"][2],
         "transformers": versions["fork"][3],
         "accelerate": versions["fork"][4],
-        "cpu_fp16": fp16,
         "selections": {}
     }
     regressions = 0
     for selection in chosen:
-        terms = left_out(selection, fp16)
+        terms = selection.not_on_cpu
         results, seconds, envs = {}, {}, {}
         for side, python in sides.items():
             envs[side] = side_env(python, work_dir, side, hf_home,

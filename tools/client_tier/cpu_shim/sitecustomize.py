@@ -1,9 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 
 # DeepSpeed Team
-"""accelerate's DeepSpeed tests on CPU ranks, their bodies unchanged: tools/client-tier puts this folder first on
-PYTHONPATH of the accelerate selections, so it runs in pytest's process and in every process a test launches
-(``accelerate launch``, its ranks).
+"""The clients' DeepSpeed tests on CPU ranks, their bodies unchanged: tools/client-tier puts this folder first on
+PYTHONPATH (every selection but the as-shipped ones), so it runs in pytest's process and in every process a test
+launches (``accelerate launch``, its ranks).
 
 It changes three answers, none of them about what the tests check, each once its module is imported:
 - ``accelerate.test_utils.testing``: ``require_non_cpu`` and ``require_multi_device`` stand for "an accelerator
@@ -11,7 +11,8 @@ It changes three answers, none of them about what the tests check, each once its
   second, so both let the test run, and ``device_count`` (the ranks a test launches) is 2. Every other gate
   (``require_cuda``, ``require_huggingface_suite``, ``slow``, ...) stays;
 - ``deepspeed.accelerator.cpu_accelerator``: fp16 is reported supported (as the fork's own rank workers do): the
-  engine's fp16 paths are device-independent, only a CPU without AVX512-FP16/AMX has no fast fp16 kernels.
+  engine's fp16 paths are device-independent, only a CPU without AVX512-FP16/AMX has no fast fp16 kernels. This
+  is what lets accelerate's and transformers' fp16 tests run here.
 """
 
 import importlib.abc
