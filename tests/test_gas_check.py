@@ -42,7 +42,8 @@ ENGINE_SURFACE = [
     "zero3_offload_param_fp32", "zero2_bf16_fp32_communication", "zero1_fp32_no_grad_norm", "zero2_fp32_no_grad_norm",
     "zero3_fp32_hpz", "zero3_fp32_fetch_by_all_reduce", "zero3_fp32_allgather_sequential", "zero0_autocast_bf16",
     "zero2_autocast_bf16", "zero2_fp32_warmup_lr", "zero3_offload_fp32_warmup_lr", "zero1_bf16_warmup_decay_lr",
-    "zero0_fp16_one_cycle", "zero0_fp32_torch_step_lr", "zero2_fp32_torch_cosine_lr"
+    "zero0_fp16_one_cycle", "zero0_fp32_torch_step_lr", "zero2_fp32_torch_cosine_lr", "zero1_bf16_master_adam_clip",
+    "zero3_bf16_master_sgd_clip"
 ]
 MUST_PASS += ENGINE_SURFACE
 
@@ -68,7 +69,7 @@ SLOW_CASES += ["zero2_fp32_small_buckets"]
 # two the check once failed on a right engine (torch autocast's bf16 rounding, a learning-rate schedule), and a
 # torch scheduler from the config under ZeRO-2 (0.19.8's engine raised TypeError building it).
 CI_ENGINE_SURFACE = ("zero2_fp32_round_robin", "zero3_offload_param_fp32", "zero2_autocast_bf16",
-                     "zero2_fp32_warmup_lr")
+                     "zero2_fp32_warmup_lr", "zero1_bf16_master_adam_clip")
 SLOW_CASES += [case for case in ENGINE_SURFACE if case not in CI_ENGINE_SURFACE]
 
 # The cases each test of the 2-rank launch without a ``case`` parameter reads by name.
@@ -76,6 +77,8 @@ CASES_READ_BY = {
     "test_pipeline_averages_micro_batches": ["pipe2_fp32", "pipe2_bf16"],
     "test_bf16_optimizer_keeps_last_micro_batch_in_cross_rank_average": ["zero1_bf16_fp32_accum"],
     "test_control_forgetting_to_divide_is_caught_as_gas": ["control_forgets_to_divide"],
+    "test_bf16_master_weights_control_never_passes": ["control_bf16_master_drops_micro_batch"],
+    "test_bf16_master_weights_sgd_control_fails": ["control_bf16_master_sgd_forgets_to_divide"],
     "test_control_loss_times_world_is_caught_as_world_size": ["control_multiplies_by_world"],
     "test_control_constant_factor_names_no_cause": ["control_constant_factor"],
     "test_no_reference_mode_compares_splits": ["zero1_fp32_no_reference"],
@@ -180,6 +183,24 @@ def test_control_forgetting_to_divide_is_caught_as_gas(launched):
     for row in rows[1:]:
         assert not row["passed"]
         assert row["update_factor"] == pytest.approx(row["gas"], rel=1e-3)
+        assert any("summed over micro-batches" in line for line in row["diagnosis"]), row["diagnosis"]
+
+
+def test_bf16_master_weights_control_never_passes(launched):
+    """bf16 master weights round Adam's steps (the check's plain-PyTorch run keeps them so too, and the right engine
+    passes): a micro-batch dropped under accumulation still passes no GAS > 1 split."""
+    rows = launched.case("control_bf16_master_drops_micro_batch")[0]
+    assert rows[0]["passed"], "GAS=1 is unaffected"
+    assert [row["verdict"] for row in rows[1:]] == ["FAIL"] * 3, describe(rows)
+
+
+@pytest.mark.slow
+def test_bf16_master_weights_sgd_control_fails(launched):
+    """ZeRO-3, SGD, bf16 master weights: micro-batch gradients summed fail every GAS > 1 split, diagnosed as such."""
+    rows = launched.case("control_bf16_master_sgd_forgets_to_divide")[0]
+    assert rows[0]["passed"], "GAS=1 is unaffected"
+    for row in rows[1:]:
+        assert row["verdict"] == "FAIL", describe(rows)
         assert any("summed over micro-batches" in line for line in row["diagnosis"]), row["diagnosis"]
 
 

@@ -40,6 +40,17 @@ CASES = {
             "stage": 7
         }
     }, 1, "input_value=7", 2),
+    # Refused whatever the batch keys: the error does not blame them.
+    "bf16_master_on_zero0": ({
+        "train_batch_size": 32,
+        "bf16": {
+            "enabled": True,
+            "bf16_master_weights_and_grads": True
+        },
+        "zero_optimization": {
+            "stage": 0
+        }
+    }, 1, "the engine refuses this config: bf16.bf16_master_weights_and_grads is only supported with ZeRO stage 1", 2),
     "per_item_misspelled": ({
         "loss_normalization": "per-item"
     }, 1, "Invalid loss_normalization: 'per-item'", 2),

@@ -413,6 +413,22 @@ def test_baseline_is_refused_for_another_setup_or_a_missing_unit(tmp_path):
         baseline.record(path, identity(), outcomes, ["unit/a.py", "unit/b.py"])
 
 
+def test_a_finished_pristine_results_file_replays_as_a_baseline(tmp_path):
+    """A full tier's results-pristine.json serves as its baseline; a fork's results file, or an unfinished one, not."""
+    recorded = {key: "x" for key in baseline.KEYS if key != "pristine_version"}
+    path = tmp_path / "results-pristine.json"
+    outcomes = SideOutcomes(path, dict(recorded, deepspeed="0.19.8", packages=["torch==2.13.0"]))
+    outcomes.record("unit/a.py::t", "passed", "", 1.0, "unit/a.py")
+    outcomes.mark_done("unit/a.py")
+    assert baseline.load(path, identity(pristine_version="0.19.8"), ["unit/a.py"]) == outcomes.tests
+    with pytest.raises(baseline.BaselineError, match="lacks 1 unit"):
+        baseline.load(path, identity(pristine_version="0.19.8"), ["unit/a.py", "unit/b.py"])
+    fork = tmp_path / "results-fork.json"
+    SideOutcomes(fork, dict(recorded, deepspeed="0.19.8+gafix.4")).mark_done("unit/a.py")
+    with pytest.raises(baseline.BaselineError, match="pristine_version"):
+        baseline.load(fork, identity(pristine_version="0.19.8"), ["unit/a.py"])
+
+
 def test_tree_hash_follows_content(tmp_path):
     tests = synthetic_tree(tmp_path)
     before = baseline.tree_sha256(tests)

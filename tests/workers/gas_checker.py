@@ -311,6 +311,15 @@ CONFIGS.update({
     }, **CLIPPED_SGD),
 })
 
+# Master weights, their gradients and Adam's states kept in bf16: an Adam step under half a weight's last bit is
+# lost (update error 2.1e-01 against fp64 at every split, GAS 1 included), so the check's plain-PyTorch run keeps
+# them in bf16 too. With DeepSpeed's FusedAdam (fp32 arithmetic, as the check's run) and with SGD (ZeRO-3).
+BF16_MASTER = {"bf16": {"enabled": True, "bf16_master_weights_and_grads": True, "bf16_optimizer_states": True}}
+CONFIGS.update({
+    "zero1_bf16_master_adam_clip": zero(1, gradient_clipping=1.0, **FUSED_ADAM, **BF16_MASTER),
+    "zero3_bf16_master_sgd_clip": zero(3, **CLIPPED_SGD, **BF16_MASTER),
+})
+
 CASES = {name: (lambda config=config: check(config)) for name, config in CONFIGS.items()}
 
 
@@ -402,6 +411,11 @@ FP16_GROWING = {"fp16": {"enabled": True, "loss_scale": 0, "initial_scale_power"
 for stage in range(4):
     CASES[f"zero{stage}_fp16_scale_growth"] = lambda stage=stage: check(zero(stage, **NO_CLIP, **SGD, **FP16_GROWING))
 CASES["control_forgets_to_divide"] = lambda: with_backward(forgets_to_divide, CONFIGS["zero1_fp32"])
+# The same mistake where bf16 master weights round Adam's steps: still no split passes.
+CASES["control_bf16_master_drops_micro_batch"] = lambda: with_backward(drops_last_accumulated_micro_batch, CONFIGS[
+    "zero1_bf16_master_adam_clip"])
+CASES["control_bf16_master_sgd_forgets_to_divide"] = lambda: with_backward(forgets_to_divide, CONFIGS[
+    "zero3_bf16_master_sgd_clip"])
 CASES["control_multiplies_by_world"] = lambda: with_backward(multiplies_by_world, CONFIGS["zero1_fp32"])
 CASES["control_constant_factor"] = lambda: with_backward(scales_by_0_7349, CONFIGS["zero1_fp32"])
 CASES["control_fp16_adamw_drops_micro_batch"] = lambda: with_backward(drops_last_micro_batch, CONFIGS[

@@ -149,7 +149,8 @@ def parse_args(argv):
     parser.add_argument("--pristine-baseline",
                         nargs="?",
                         const="",
-                        help="replay pristine's outcomes from this baseline (default file: the tier's)")
+                        help="replay pristine's outcomes from this baseline, or from a finished run's "
+                        "results-pristine.json (default file: the tier's)")
     parser.add_argument("--record-baseline",
                         nargs="?",
                         const="",

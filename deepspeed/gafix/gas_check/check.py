@@ -30,7 +30,7 @@ from .formatting import format_results  # noqa: F401 (the check's printed form, 
 from .models import builtin_layers, builtin_model
 from .ownership import load_full
 from .progress import quiet
-from .reference import reference_run
+from .reference import MasterStorage, reference_run
 from .training import SplitTraining, _seeded, _trainable_count, per_item_mode
 from .verdict import FLOOR_FACTOR, SplitResult, measured, raised_tolerance, tolerance  # noqa: F401
 
@@ -182,7 +182,7 @@ def split_against_reference(plan, index, micro, gas, global_reference):
         load_full(model.double(), initial, source)
         return model
 
-    def run(parts, loss, *precision):
+    def run(parts, loss, *precision, **storage):
         return reference_run(from_initial(),
                              workload.batches,
                              parts,
@@ -191,7 +191,8 @@ def split_against_reference(plan, index, micro, gas, global_reference):
                              loss,
                              *precision,
                              owned_spans=training.spans,
-                             scheduler_config=config.get("scheduler"))
+                             scheduler_config=config.get("scheduler"),
+                             **storage)
 
     dp_world = dist.get_world_size() // (workload.pipeline_stages or 1)
     # per_item: the mean over every item of the global batch (the whole batch as one micro-batch);
@@ -205,7 +206,7 @@ def split_against_reference(plan, index, micro, gas, global_reference):
         global_reference = run(1, training.reference_loss)
     # What rounding alone does to this model: plain PyTorch, same micro-batches, the engine's precision.
     floor = run(parts, reference_loss, FLOOR_DTYPE[dtype],
-                get_accelerator().current_device_name(), config_loss_scale(config))
+                get_accelerator().current_device_name(), config_loss_scale(config), **config_storage(config, dp_world))
     steps = len(trained.norms)
     local = sums_between(weights, expected.weights, steps)
     totals = gather(
@@ -256,6 +257,35 @@ def config_dtype(config):
             if spelled in spellings:
                 return dtype
     return "fp32"
+
+
+def config_storage(config, dp_world):
+    """How the engine stores master weights where a config keeps them in low precision
+    (``bf16_master_weights_and_grads``, ``bf16_optimizer_states``, ``fp16_master_weights_and_grads``): the
+    plain-PyTorch run in the engine's precision keeps them so too, so that its rounding is the engine's."""
+    bf16, fp16 = config.get("bf16") or {}, config.get("fp16") or {}
+    if bf16.get("enabled", False) and bf16.get("bf16_master_weights_and_grads", False):
+        # DeepSpeedCPUAdam keeps its moments in bf16 with bf16_optimizer_states, or when told fp32_optimizer_states false.
+        bf16_states = (bf16.get("bf16_optimizer_states", False)
+                       or ((config.get("optimizer") or {}).get("params") or {}).get("fp32_optimizer_states") is False)
+        dtype, states = torch.bfloat16, torch.bfloat16 if bf16_states else None
+    elif fp16.get("enabled", False) and fp16.get("fp16_master_weights_and_grads", False):
+        dtype, states = torch.float16, None
+    else:
+        return {}
+    stage = int((config.get("zero_optimization") or {}).get("stage", 0))
+    return dict(master_storage=MasterStorage(dtype, optimizer_steps_in_fp32(config), states, dp_world, stage >= 2))
+
+
+def optimizer_steps_in_fp32(config):
+    """Whether the engine's optimizer for this config computes in fp32 whatever its parameters' dtype: DeepSpeed's
+    fused and CPU Adam (not ``torch_adam``), Lion, and CPU Adagrad (optimizer offload); the rest are torch's."""
+    optimizer = config.get("optimizer") or {}
+    kind, params = str(optimizer.get("type", "")).lower(), optimizer.get("params") or {}
+    offload = str(((config.get("zero_optimization") or {}).get("offload_optimizer") or {}).get("device", "none"))
+    if kind in ("adam", "adamw"):
+        return not params.get("torch_adam", False)
+    return kind == "lion" or (kind == "adagrad" and offload.lower() in ("cpu", "nvme"))
 
 
 def config_loss_scale(config):

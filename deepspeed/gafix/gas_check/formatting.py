@@ -44,7 +44,8 @@ def format_results(results, title):
                 f"  {r.name}: update error {r.update_errors[step - 1]:.1e} at step {step} is over the tolerance "
                 f"{r.tolerance:.1e}, but within {r.floor_update_errors[step - 1]:.1e} of plain PyTorch in this "
                 "precision on the same device and micro-batches: the precision's rounding (Adam turns a "
-                "near-zero gradient's rounding into a full-size step), not the engine")
+                "near-zero gradient's rounding into a full-size step; weights stored in bf16 or fp16 lose an update "
+                "under half their last bit), not the engine")
     if results[0].small_buckets:
         lines.append(results[0].small_buckets)
     compared = {r.compared_with for r in results if r.compared_with != "itself"}

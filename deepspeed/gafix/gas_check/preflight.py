@@ -149,15 +149,16 @@ def preflight(config, splits, world, pipeline_stages=0, known=None):
         return result
     result.coverage = coverage(config)
     dp_world = world // (pipeline_stages or 1)
-    given = [key for key in BATCH_KEYS if key in config]
-    if given:
-        refusal = engine_refusal(config, dp_world)
-        if refusal:
-            result.errors.append(f"the engine refuses this config's batch keys on {dp_world} data-parallel rank(s): "
-                                 f"{refusal}")
-        result.notes.append(f"{', '.join(given)}: replaced by each split's (--splits) while the check runs")
     micro, gas = splits[0]
     refusal = engine_refusal(split_config(config, micro, gas), dp_world)
-    if refusal and not any(refusal in error for error in result.errors):
+    given = [key for key in BATCH_KEYS if key in config]
+    if given:
+        # The batch keys are to blame only when the config with a split's in their place is accepted.
+        own = engine_refusal(config, dp_world)
+        if own and own != refusal:
+            result.errors.append(f"the engine refuses this config's batch keys on {dp_world} data-parallel rank(s): "
+                                 f"{own}")
+        result.notes.append(f"{', '.join(given)}: replaced by each split's (--splits) while the check runs")
+    if refusal:
         result.errors.append(f"the engine refuses this config: {refusal}")
     return result

@@ -77,15 +77,87 @@ def reference_scheduler(optimizer, scheduler_config):
 
 
 def global_norm(parameters):
-    grads = [p.grad.detach().norm() for p in parameters if p.grad is not None]
+    # Low-precision gradients' norm in fp32, as the engine's: their own dtype would round it.
+    grads = [
+        p.grad.detach().float().norm() if p.grad.element_size() < 4 else p.grad.detach().norm() for p in parameters
+        if p.grad is not None
+    ]
     return torch.linalg.vector_norm(torch.stack(grads)) if grads else torch.tensor(0.0, dtype=torch.float64)
 
 
 def named_weights(model, owned_spans=None):
     """Every parameter, whole; or, with ``owned_spans`` ``{name: (start, stop)}``, the elements this rank owns."""
+    # Low-precision master weights (MasterStorage) are kept as fp32 copies: an update is their difference.
+    tensors = {
+        name: p.detach() if p.element_size() >= 4 else p.detach().float()
+        for name, p in model.named_parameters()
+    }
     if owned_spans is None:
-        return {name: p.detach().clone() for name, p in model.named_parameters()}
-    return slices(dict(model.named_parameters()), owned_spans)
+        return {name: tensor.clone() for name, tensor in tensors.items()}
+    return slices(tensors, owned_spans)
+
+
+@dataclass(frozen=True)
+class MasterStorage:
+    """Master weights and gradients stored in ``dtype`` (``bf16_master_weights_and_grads``,
+    ``fp16_master_weights_and_grads``). ``fp32_step``: the engine's optimizer computes in fp32 and rounds what it
+    stores (DeepSpeed's fused and CPU Adam, Lion, CPU Adagrad); otherwise a torch optimizer steps the ``dtype``
+    tensors (whose kernels round a scalar such as the learning rate to ``dtype`` too). ``state_dtype``
+    (``bf16_optimizer_states``): an fp32 step's states are stored in it. ``ranks``: data-parallel ranks, each holding
+    consecutive micro-batches (micro_batch_order)."""
+    dtype: torch.dtype
+    fp32_step: bool
+    state_dtype: torch.dtype = None
+    ranks: int = 1
+    reduce_per_micro_batch: bool = False  # ZeRO-2/3: each micro-batch's gradient is reduced as its backward ends
+
+
+class Fp32Step:
+    """A torch optimizer stepping fp32 copies of low-precision parameters, whose results are stored back rounded: an
+    fp32 step (MasterStorage), its states rounded to ``state_dtype`` when one is given."""
+
+    def __init__(self, params, make_optimizer, state_dtype=None):
+        self.params = params
+        self.copies = [p.detach().float().requires_grad_() for p in params]
+        self.optimizer = make_optimizer(self.copies)
+        self.state_dtype = state_dtype
+
+    def zero_grad(self):
+        for p in self.params:
+            p.grad = None
+
+    @torch.no_grad()
+    def step(self):
+        for p, copy_ in zip(self.params, self.copies):
+            copy_.copy_(p)
+            copy_.grad = None if p.grad is None else p.grad.float()
+        self.optimizer.step()
+        for p, copy_ in zip(self.params, self.copies):
+            p.copy_(copy_)
+        if self.state_dtype is not None:
+            for state in self.optimizer.state.values():
+                for value in state.values():
+                    if torch.is_tensor(value) and value.is_floating_point() and value.dim() > 0:
+                        value.copy_(value.to(self.state_dtype))
+
+
+def micro_batch_order(micro_batches, storage):
+    """The order a run adds its micro-batches' gradients in, and how many of them make one partial sum before it is
+    added to the step's gradient. Rank r holds micro-batches r x GAS to (r + 1) x GAS - 1 (the check deals them so).
+    With gradients stored in low precision the order rounds: ZeRO-1 sums each rank's own micro-batches, then the
+    ranks' sums (its reduction at the boundary); ZeRO-2/3 reduce each micro-batch over the ranks as its backward
+    ends and add that to the partition's gradient."""
+    if storage is None or storage.ranks <= 1:
+        return list(range(micro_batches)), micro_batches if storage is None else 1
+    gas = micro_batches // storage.ranks
+    if storage.reduce_per_micro_batch:
+        return [rank * gas + j for j in range(gas) for rank in range(storage.ranks)], storage.ranks
+    return list(range(micro_batches)), gas
+
+
+def added(total, grad, dtype):
+    """``total + grad`` stored in ``dtype`` (``grad`` where there is no total yet)."""
+    return grad.to(dtype) if total is None else (total + grad).to(dtype)
 
 
 def reference_run(model,
@@ -98,7 +170,8 @@ def reference_run(model,
                   device="cpu",
                   loss_scale=None,
                   owned_spans=None,
-                  scheduler_config=None):
+                  scheduler_config=None,
+                  master_storage=None):
     """Train ``model`` on ``batches``, each split in ``micro_batches`` equal parts whose gradients are
     averaged, as the engine does over GAS x data-parallel ranks (1: the global batch at once).
 
@@ -111,36 +184,52 @@ def reference_run(model,
     it otherwise), then unscaled. A run in the engine's own precision shows how far rounding alone moves
     this model from the fp64 reference. ``owned_spans``: keep only this rank's elements of each step's weights
     (the run itself needs the whole model). ``scheduler_config``: the config's ``scheduler`` section, stepped after
-    each step.
+    each step. ``master_storage`` (MasterStorage): the master weights and gradients kept in low precision, with
+    a low-precision run only.
     """
     low_precision = dtype in (torch.bfloat16, torch.float16)
     master = model.to(torch.float32 if low_precision else dtype)
     master.train()
     work = copy.deepcopy(master).to(device, dtype) if low_precision else master
+    storage = master_storage if low_precision else None
+    if storage is not None:
+        master.to(storage.dtype)
     params = [p for p in master.parameters() if p.requires_grad]
     work_params = [p for p in work.parameters() if p.requires_grad]
-    optimizer = reference_optimizer(params, optimizer_config)
-    scheduler = reference_scheduler(optimizer, scheduler_config)
+    if storage is not None and storage.fp32_step:
+        optimizer = Fp32Step(params, lambda copies: reference_optimizer(copies, optimizer_config), storage.state_dtype)
+        scheduler = reference_scheduler(optimizer.optimizer, scheduler_config)
+    else:
+        optimizer = reference_optimizer(params, optimizer_config)
+        scheduler = reference_scheduler(optimizer, scheduler_config)
     run = ReferenceRun(weights=[named_weights(master, owned_spans)])
     scale = float(loss_scale or 1.0) if dtype == torch.float16 else 1.0
+    order, flush_every = micro_batch_order(micro_batches, storage)
     for batch in batches:
         batch = to(batch, device if low_precision else "cpu", dtype)
         size = batch_size(batch) // micro_batches
         while True:
             optimizer.zero_grad()
-            total, finite = 0.0, True
-            for k in range(micro_batches):
+            total, finite, partial = 0.0, True, {}
+            for position, k in enumerate(order):
                 loss = model_loss(work, rows(batch, k * size, (k + 1) * size), loss_fn)
                 # fp16: as DeepSpeed's fp16 optimizers scale it, the loss in fp32 times the loss scale.
                 (loss.float() * (scale / micro_batches) if dtype == torch.float16 else loss / micro_batches).backward()
                 total += loss.item()
-                if low_precision and (dtype == torch.bfloat16 or k == micro_batches - 1):
-                    for p, w in zip(params, work_params):
+                if low_precision and (dtype == torch.bfloat16 or position == micro_batches - 1):
+                    for i, (p, w) in enumerate(zip(params, work_params)):
                         if w.grad is not None:
                             grad = w.grad.float().to(p.device) / scale
                             # Only a scaled fp16 loss can overflow (a host read per tensor: fp16 alone).
                             finite = finite and (scale == 1.0 or bool(torch.isfinite(grad).all()))
-                            p.grad = grad if p.grad is None else p.grad + grad
+                            if storage is None:
+                                p.grad = grad if p.grad is None else p.grad + grad
+                            else:
+                                # Gradients stored in low precision: summed in the engine's order (order), each
+                                # addition rounded where the engine's is.
+                                partial[i] = added(partial.get(i), grad, storage.dtype)
+                                if (position + 1) % flush_every == 0:
+                                    p.grad = added(p.grad, partial.pop(i), storage.dtype)
                             w.grad = None
             if finite or scale <= 1.0:
                 break
