@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers.continuation import TOLERANCE, dtype_of, relative_error
 from helpers.launch import deepspeed_command, launch_cases
 from helpers.pristine import pristine_python
 from helpers.selection import selected_params
@@ -44,17 +45,11 @@ def config_param(config):
 
 
 TAG = "swap"
-# Relative tolerance of the weights after the continued steps, by what the engine computes in.
-TOLERANCE = {"fp32": 0.0, "bf16": 2e-2, "fp16": 2e-3}
 # With clipping, a run continued by the other install clips by that install's grad norm: the fork sums
 # squares in one fused pass (fp32 lanes, fp64 combine), 0.19.8 per tensor in fp64, so the two norms can
 # differ in the last bits of fp32 (seen: 2e-8 and 8e-8 relative on the weights after 3 steps). Continued
 # by the writer itself, every configuration must be exact.
 CROSS_INSTALL_CLIP_FP32 = 1e-6
-
-
-def dtype_of(config):
-    return next((name for name in ("bf16", "fp16") if name in config), "fp32")
 
 
 def tolerance_of(config, writer, loader):
@@ -131,7 +126,7 @@ def check_continuation(runs, writer, loader, config):
     for rank, (saved, restored) in enumerate(zip(own, loaded)):
         assert restored["state"] == saved["state"], f"{config}, rank {rank}: the restored state differs"
     expected, got = weights_of(own, config), weights_of(loaded, config)
-    error = ((got - expected).abs().max() / expected.abs().max()).item()
+    error = relative_error(expected, got)
     tolerance = tolerance_of(config, writer, loader)
     print(f"{config}: {writer} -> {loader}: weights {error:.3g} from the {writer}'s own continuation")
     assert error <= tolerance, (f"{config}: {writer}-written, {loader}-loaded weights after the further steps are "
@@ -153,5 +148,5 @@ def test_fork_universal_checkpoint_loads_into_pristine(swapped, config):
         assert restored["state"]["global_steps"] == saved["state"]["global_steps"], f"{config}, rank {rank}"
         assert restored["state"]["lr"] == saved["state"]["lr"], f"{config}, rank {rank}"
     expected, got = weights_of(own, config), weights_of(loaded, config)
-    error = ((got - expected).abs().max() / expected.abs().max()).item()
+    error = relative_error(expected, got)
     assert error <= 1e-6, f"{config}: universal checkpoint continued {error:.3g} (relative) from the fork's own run"

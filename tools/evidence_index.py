@@ -178,6 +178,9 @@ REPORTS = [
      "page: per_item within 1.3e-6 (fp32) of the global item mean at every split, mean mode 5.5% to 26% off"),
     ("hf_trainer.md", "Hugging Face Trainer versions", "python tools/hf_matrix.py",
      "page: transformers 5.24.0 and 5.23.0 with accelerate 1.15.0 right on every case, fork and 0.19.8 alike"),
+    ("resume.md", "Resuming on another number of ranks", "python -m pytest tests/test_resume_world_size.py --run-slow",
+     "page: with checkpoint.reshard_on_load the resumed run continues the writer's (2 -> 1, 1 -> 2, 2 -> 4, 4 -> 2 "
+     "ranks, ZeRO 1-3); 0.19.8 refuses every move"),
 ]
 
 

@@ -1,14 +1,20 @@
 # SPDX-License-Identifier: Apache-2.0
 
 # DeepSpeed Team
-"""Rank side of tests/test_checkpoint_swap.py: train, checkpoint, continue; or load and continue.
+"""Rank side of tests/test_checkpoint_swap.py and tests/test_resume_world_size.py: train, checkpoint, continue; or
+load and continue.
 
-Every configuration is run as up to three kinds of case. ``save/<config>`` (``--save DIR``) trains
+Every configuration is run as up to four kinds of case. ``save/<config>`` (``--save DIR``) trains
 SAVE_AT steps, saves a checkpoint under ``DIR/<config>``, trains CONTINUE more steps in the same
 process and reports the weights. ``resume-<label>/<config>`` (``--resume LABEL=DIR``) builds the
 engine from other initial weights, loads ``DIR/<config>`` (written by whichever install), reports
 the restored state, trains the same CONTINUE steps and reports the weights. ``universal-<label>/...``
-(``--universal LABEL=DIR``) does the same from the tag ``universal`` (a ds_to_universal conversion).
+(``--universal LABEL=DIR``) does the same from the tag ``universal`` (a ds_to_universal conversion), and
+``reshard-<label>/...`` (``--reshard LABEL=DIR``) with ``"checkpoint": {"reshard_on_load": true}``, for a
+checkpoint written on another number of ranks.
+
+Each step trains one global batch of GLOBAL samples whatever the world size: GAS is GLOBAL / (MICRO x
+data-parallel ranks), and micro-batch k of the step is the same data on any number of ranks.
 """
 
 import argparse
@@ -24,7 +30,8 @@ import deepspeed.comm as dist  # noqa: E402
 from helpers.rank_cases import run_cases  # noqa: E402
 from helpers.small_model import IN, OUT, make_layers, mse  # noqa: E402
 
-SAVE_AT, CONTINUE, MICRO, GAS = 3, 3, 2, 2
+SAVE_AT, CONTINUE, MICRO = 3, 3, 2
+GLOBAL = 8  # samples per step: 2 ranks x GAS 2, 1 rank x GAS 4, 4 ranks x GAS 1
 TAG = "swap"
 # torch's Adam: no JIT build of FusedAdam / DeepSpeedCPUAdam on either install.
 ADAM = {"type": "Adam", "params": {"lr": 1e-2, "weight_decay": 0.01, "torch_adam": True}}
@@ -110,12 +117,16 @@ PIPELINE = "pipe2_zero1_fp32_clip"  # 2 stages x 1 data-parallel rank
 UNIVERSAL = ("zero1_fp32_clip", "zero2_fp32_clip")  # converted with ds_to_universal by the test
 
 
+def data_parallel_size(case):
+    return dist.get_world_size() // (2 if case == PIPELINE else 1)
+
+
 def config(case):
     extra = CONFIGS.get(case, {"zero_optimization": {"stage": 1}, "gradient_clipping": 0.5})
     return dict(
         {
             "train_micro_batch_size_per_gpu": MICRO,
-            "gradient_accumulation_steps": GAS,
+            "gradient_accumulation_steps": GLOBAL // (MICRO * data_parallel_size(case)),
             "optimizer": ADAM,
             "scheduler": WARMUP,
             "steps_per_print": 1000,
@@ -131,16 +142,19 @@ def dtype_of(case):
     return torch.float32
 
 
-def batch(step, micro, rank, dtype):
-    """The micro-batch ``micro`` of global step ``step`` for ``rank``: the same on every install."""
-    gen = torch.Generator().manual_seed(1000 * step + 10 * micro + rank)
+def batch(step, micro, rank, gas, dtype):
+    """The micro-batch ``micro`` of global step ``step`` for data-parallel ``rank`` at ``gas``: part ``rank`` x GAS +
+    ``micro`` of the step's global batch, the same on every install and any number of ranks."""
+    gen = torch.Generator().manual_seed(1000 * step + 10 * (rank * gas + micro))
     return torch.randn(MICRO, IN, generator=gen).to(dtype), (torch.randn(MICRO, OUT, generator=gen) * 3).to(dtype)
 
 
-def build(case, seed, load_universal=False):
+def build(case, seed, load_universal=False, reshard=False):
     cfg = config(case)
     if load_universal:
         cfg["checkpoint"] = {"load_universal": True}
+    if reshard:
+        cfg["checkpoint"] = {"reshard_on_load": True}
     if case == PIPELINE:
         from deepspeed.pipe import PipelineModule
         model = PipelineModule(layers=make_layers(seed), num_stages=2, loss_fn=mse, partition_method="uniform")
@@ -152,15 +166,15 @@ def build(case, seed, load_universal=False):
 
 def train_steps(engine, case, first, count):
     dtype = dtype_of(case)
-    rank = dist.get_rank()
+    rank, gas = dist.get_rank(), engine.gradient_accumulation_steps()
     losses = []
     for step in range(first, first + count):
         if case == PIPELINE:
-            data = iter([batch(step, micro, 0, dtype) for micro in range(GAS)])
+            data = iter([batch(step, micro, 0, gas, dtype) for micro in range(gas)])
             losses.append(float(engine.train_batch(data_iter=data)))
             continue
-        for micro in range(GAS):
-            inputs, targets = batch(step, micro, rank, dtype)
+        for micro in range(gas):
+            inputs, targets = batch(step, micro, rank, gas, dtype)
             loss = mse(engine(inputs), targets)
             engine.backward(loss)
             engine.step()
@@ -212,10 +226,11 @@ def save_then_continue(case, ckpt_dir):
     return run
 
 
-def load_then_continue(case, ckpt_dir, universal=False):
+def load_then_continue(case, ckpt_dir, universal=False, reshard=False):
 
     def run():
-        engine = build(case, seed=99, load_universal=universal)  # other initial weights: all must come from the file
+        # Other initial weights: all must come from the file.
+        engine = build(case, seed=99, load_universal=universal, reshard=reshard)
         tag = "universal" if universal else TAG
         loaded, _ = engine.load_checkpoint(str(Path(ckpt_dir) / case), tag=tag)
         assert loaded is not None, f"load_checkpoint found nothing at {ckpt_dir}/{case} tag {tag}"
@@ -248,6 +263,8 @@ def cases(args):
             for label, path in labelled(args.universal):
                 if name in UNIVERSAL:
                     chosen[f"universal-{label}/{name}"] = load_then_continue(name, path, universal=True)
+            for label, path in labelled(args.reshard):
+                chosen[f"reshard-{label}/{name}"] = load_then_continue(name, path, reshard=True)
     return chosen
 
 
@@ -256,6 +273,10 @@ if __name__ == "__main__":
     parser.add_argument("--save", help="write the checkpoints under this directory")
     parser.add_argument("--resume", action="append", default=[], help="LABEL=DIR: load the checkpoints there")
     parser.add_argument("--universal", action="append", default=[], help="LABEL=DIR: load their universal form")
+    parser.add_argument("--reshard",
+                        action="append",
+                        default=[],
+                        help="LABEL=DIR: load the checkpoints there with checkpoint.reshard_on_load")
     parser.add_argument("--configs", default="", help="comma-separated configurations (default: all)")
     args, _ = parser.parse_known_args()
     from deepspeed.accelerator import get_accelerator

@@ -1,0 +1,111 @@
+# SPDX-License-Identifier: Apache-2.0
+
+# DeepSpeed Team
+"""Resuming on another number of ranks: a checkpoint written on W data-parallel ranks, loaded on R with
+``"checkpoint": {"reshard_on_load": true}`` (patch 0045), continues the writer's own run.
+
+Every step trains the same global batch of 8 samples, split as GAS 4 on 1 rank, 2 on 2 and 1 on 4
+(tests/workers/checkpoint_swap.py). The writer trains 3 steps, saves, and goes on 3 more; the reader builds its
+engine from other initial weights, loads, and trains the same 3. The reader's restored state (step and sample
+counters, learning rate and schedule, skipped steps, fp16's loss scaler) must equal the writer's at the save, and
+its weights after the 3 steps the writer's within fp32's rounding of another summation order (1e-6), or the
+dtype's tolerance. 0.19.8 refuses every such load with a ZeRORuntimeException (ZeRO-3 from 1 rank to 2: an
+AssertionError), so every case here fails there.
+"""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from helpers.continuation import TOLERANCE, dtype_of, relative_error
+from helpers.launch import launch_cases
+from helpers.selection import selected_callspecs
+
+WORKER = Path(__file__).parent / "workers" / "checkpoint_swap.py"
+CONFIGS = [
+    "zero1_fp32_clip", "zero2_fp32_clip", "zero3_fp32_clip", "zero1_bf16_clip", "zero2_fp16_dynamic_scale_clip",
+    "zero3_fp16_dynamic_scale", "zero2_offload_fp32_clip", "zero3_offload_fp32_clip"
+]
+MOVES = [(2, 1), (1, 2), (2, 4), (4, 2)]
+# CI's case (its 30 minutes: two launches): ZeRO-3 from 2 ranks to 1; --run-slow adds the other moves, ZeRO-1/2,
+# bf16, fp16's loss scaler and offload.
+CI_CASES = {("zero3_fp32_clip", 2, 1)}
+# Another split of the global batch sums the gradients in another order: fp32 rounding, not 0.
+FP32_REORDERED = 1e-6
+
+# ds_to_universal cannot convert a ZeRO-3 checkpoint whose optimizer has not stepped yet: this fp16 configuration's
+# first steps all overflow, and the conversion fails with KeyError 0 (the load raises on every rank, naming it).
+NOT_YET = pytest.mark.xfail(strict=True,
+                            reason="ds_to_universal: a ZeRO-3 checkpoint saved before the optimizer's first step "
+                            "(every step skipped for fp16 overflow) fails to convert (KeyError)")
+
+
+def case_params():
+    for config in CONFIGS:
+        for writer, reader in MOVES:
+            marks = [] if (config, writer, reader) in CI_CASES else [pytest.mark.slow]
+            if config == "zero3_fp16_dynamic_scale":
+                marks.append(NOT_YET)
+            yield pytest.param(config, writer, reader, marks=marks, id=f"{config}-{writer}to{reader}")
+
+
+@pytest.fixture(scope="module")
+def resumed(tmp_path_factory, extensions_dir, request):
+    """(config, writer, reader) -> (the writer's reports, the reader's), for the cases this run selected: one launch
+    per world size that writes, then one per world size that reads what it has not read yet."""
+    root = tmp_path_factory.mktemp("resume-world-size")
+    cases = [(spec["config"], spec["writer"], spec["reader"]) for spec in selected_callspecs(request, "resumed")]
+    configs = sorted({config for config, _, _ in cases}, key=CONFIGS.index)
+    writers = sorted({writer for _, writer, _ in cases})
+    readers = {reader: sorted({writer for _, writer, r in cases if r == reader}) for _, _, reader in cases}
+    saved, read, launches = set(), {}, {}
+
+    def launch(world, save):
+        """One launch on ``world`` ranks: it saves if asked, and reads every checkpoint saved by now that it needs."""
+        reads = [writer for writer in readers.get(world, []) if writer in saved and writer not in read.get(world, [])]
+        if not save and not reads:
+            return
+        args = ["--configs", ",".join(configs)] + (["--save", str(root / f"ws{world}")] if save else [])
+        for writer in reads:
+            args += ["--reshard", f"w{writer}={root / f'ws{writer}'}"]
+        launched = launch_cases(WORKER, world, extensions_dir=extensions_dir, extra_args=args, timeout=900)
+        launches.setdefault(world, []).append(launched)
+        read.setdefault(world, []).extend(reads)
+        if save:
+            saved.add(world)
+
+    # Every writer saves (those that read nothing first), then each reader reads what it has not read yet.
+    for world in sorted(writers, key=lambda world: world in readers):
+        launch(world, save=True)
+    for world in readers:
+        launch(world, save=False)
+
+    def reports(world, name):
+        for launched in launches[world]:
+            if name in launched.ranks[0]:
+                return launched.case(name)
+        raise LookupError(f"no launch on {world} rank(s) ran {name}")
+
+    # Read by each test: a case that raised fails its own test only.
+    return lambda config, writer, reader: (reports(writer, f"save/{config}"),
+                                           reports(reader, f"reshard-w{writer}/{config}"))
+
+
+def one_model(ranks, config):
+    """The weights every data-parallel rank reports (they must agree)."""
+    assert all(rank["weights"] == ranks[0]["weights"] for rank in ranks), f"{config}: the ranks disagree"
+    return torch.tensor(ranks[0]["weights"], dtype=torch.float64)
+
+
+@pytest.mark.parametrize("config, writer, reader", case_params())
+def test_resumes_on_another_world_size(resumed, config, writer, reader):
+    saved, loaded = resumed(config, writer, reader)
+    for rank, restored in enumerate(loaded):
+        assert restored["state"] == saved[0]["state"], f"{config}, {writer} -> {reader} ranks, rank {rank}"
+    error = relative_error(one_model(saved, config), one_model(loaded, config))
+    tolerance = TOLERANCE[dtype_of(config)] or FP32_REORDERED
+    print(f"{config}: {writer} -> {reader} ranks: weights {error:.3g} from the writer's own continuation")
+    assert error <= tolerance, (
+        f"{config}: written on {writer} rank(s), resumed on {reader}: the weights after the "
+        f"further steps are {error:.3g} (relative) from the writer's own (tolerance {tolerance})")
