@@ -76,22 +76,21 @@ def reference_scheduler(optimizer, scheduler_config):
     return kind(optimizer, **scheduler_config.get("params", {}))
 
 
+def at_least_fp32(tensor):
+    """``tensor`` detached, in fp32 where it is held in less (low-precision master weights and their gradients)."""
+    return tensor.detach().float() if tensor.element_size() < 4 else tensor.detach()
+
+
 def global_norm(parameters):
     # Low-precision gradients' norm in fp32, as the engine's: their own dtype would round it.
-    grads = [
-        p.grad.detach().float().norm() if p.grad.element_size() < 4 else p.grad.detach().norm() for p in parameters
-        if p.grad is not None
-    ]
+    grads = [at_least_fp32(p.grad).norm() for p in parameters if p.grad is not None]
     return torch.linalg.vector_norm(torch.stack(grads)) if grads else torch.tensor(0.0, dtype=torch.float64)
 
 
 def named_weights(model, owned_spans=None):
     """Every parameter, whole; or, with ``owned_spans`` ``{name: (start, stop)}``, the elements this rank owns."""
     # Low-precision master weights (MasterStorage) are kept as fp32 copies: an update is their difference.
-    tensors = {
-        name: p.detach() if p.element_size() >= 4 else p.detach().float()
-        for name, p in model.named_parameters()
-    }
+    tensors = {name: at_least_fp32(p) for name, p in model.named_parameters()}
     if owned_spans is None:
         return {name: tensor.clone() for name, tensor in tensors.items()}
     return slices(tensors, owned_spans)
