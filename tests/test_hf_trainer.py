@@ -15,21 +15,15 @@ Needs transformers and accelerate (tests/requirements.txt pins the tested versio
 the module is skipped, or fails where DS_GAFIX_REQUIRE_HF=1 (CI) says they must be there.
 """
 
-import importlib.util
-import os
 
 import pytest
 
+from helpers.hf_required import require_transformers_and_accelerate
 from helpers.launch import launch_cases
 from helpers.repo import REPO
 from helpers.selection import selected_callspecs
 
-MISSING = [name for name in ("transformers", "accelerate") if importlib.util.find_spec(name) is None]
-if MISSING:
-    if os.environ.get("DS_GAFIX_REQUIRE_HF") == "1":
-        raise ImportError(f"DS_GAFIX_REQUIRE_HF=1 but {', '.join(MISSING)} not installed: "
-                          "pip install -r tests/requirements.txt")
-    pytest.skip(f"{', '.join(MISSING)} not installed (pip install -r tests/requirements.txt)", allow_module_level=True)
+require_transformers_and_accelerate()
 
 from hf_training import cases  # noqa: E402
 from hf_training.verdict import TOLERANCE, problems  # noqa: E402

@@ -75,6 +75,9 @@ class LauncherRun:
     log: str
     leaked_shm: list  # /dev/shm all-reduce buffers the launch left behind (now removed)
 
+    def tail(self, lines=40):
+        return _tail(self.log, lines)
+
 
 @dataclass
 class LaunchResult(LauncherRun):
@@ -90,9 +93,6 @@ class LaunchResult(LauncherRun):
                 raise AssertionError(f"case '{name}' raised on rank {rank}:\n{cases[name]['error']}")
             values.append(cases[name]["value"])
         return values
-
-    def tail(self, lines=40):
-        return _tail(self.log, lines)
 
 
 def run_launcher(script, nprocs, args=(), timeout=600, extensions_dir=None, env=None, on_timeout=None, launcher=None):

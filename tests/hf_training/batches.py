@@ -18,10 +18,10 @@ STEPS = 2
 SEQ_LEN = 12
 
 
-def make_rows(padded, seed=1):
+def make_rows(padded, seed=1, steps=STEPS):
     gen = torch.Generator().manual_seed(seed)
     rows = []
-    for _ in range(GLOBAL_BATCH * STEPS):
+    for _ in range(GLOBAL_BATCH * steps):
         length = int(torch.randint(3, SEQ_LEN + 1, (1, ), generator=gen)) if padded else SEQ_LEN
         input_ids = torch.randint(PAD_TOKEN_ID + 1, VOCAB_SIZE, (SEQ_LEN, ), generator=gen)
         input_ids[length:] = PAD_TOKEN_ID

@@ -9,6 +9,7 @@ optimizer received, whatever the engine did to the loss on the way. An optimizer
 measures its norm a second way, from the gradients the torch optimizer holds when it steps.
 """
 
+import contextlib
 import tempfile
 
 import torch
@@ -46,6 +47,9 @@ BACKENDS = {
         }
     },
 }
+
+# TrainingArguments every test run shares: on the CPU, seeded, a loss logged each step, no reporting or progress bar.
+CPU_RUN_ARGS = dict(use_cpu=True, seed=0, logging_steps=1, report_to=[], disable_tqdm=True)
 
 
 def deepspeed_config(backend):
@@ -112,6 +116,19 @@ def make_recorder(partitioned):
     return AppliedGradientRecorder()
 
 
+@contextlib.contextmanager
+def process_state_reset():
+    """Around a Trainer's training: the Trainer leaves process-wide state behind (the DeepSpeed config it set, the
+    accelerator's state), and the next case in the process must start clean."""
+    from transformers.integrations.deepspeed import unset_hf_deepspeed_config
+    from accelerate.state import AcceleratorState
+    try:
+        yield
+    finally:
+        unset_hf_deepspeed_config()
+        AcceleratorState._reset_state(reset_partial_state=False)
+
+
 def ordered_trainer_class():
     from transformers import Trainer
 
@@ -134,8 +151,6 @@ def ordered_trainer_class():
 def train_case(model_dir, rows, backend, micro_batch, gas, steps, lr, accepts_loss_kwargs):
     """Train; return per step: applied gradient (flat fp64), hook norm, logged loss and grad_norm."""
     from transformers import TrainingArguments
-    from transformers.integrations.deepspeed import unset_hf_deepspeed_config
-    from accelerate.state import AcceleratorState
 
     # Before TrainingArguments: a ZeRO-3 config there would make from_pretrained partition the model.
     model = load(model_dir)
@@ -149,25 +164,17 @@ def train_case(model_dir, rows, backend, micro_batch, gas, steps, lr, accepts_lo
                                  lr_scheduler_type="constant",
                                  weight_decay=0.0,
                                  max_grad_norm=0.0,
-                                 logging_steps=1,
-                                 report_to=[],
                                  save_strategy="no",
-                                 seed=0,
-                                 disable_tqdm=True,
-                                 use_cpu=True,
-                                 deepspeed=deepspeed_config(backend))
+                                 deepspeed=deepspeed_config(backend),
+                                 **CPU_RUN_ARGS)
         trainer_class = ordered_trainer_class()
         recorder = make_recorder(partitioned=backend not in ("none", "zero0"))
         trainer = trainer_class(model=model, args=args, train_dataset=Rows(rows), callbacks=[recorder])
         trainer.recorder = recorder
         if accepts_loss_kwargs is not None:
             trainer.model_accepts_loss_kwargs = accepts_loss_kwargs
-        try:
+        with process_state_reset():
             trainer.train()
-        finally:
-            # The Trainer leaves process-wide state behind; the next case must start clean.
-            unset_hf_deepspeed_config()
-            AcceleratorState._reset_state(reset_partial_state=False)
         logs = [entry for entry in trainer.state.log_history if "loss" in entry and "train_loss" not in entry]
         applied = [(recorder.weights[t] - recorder.weights[t + 1]) / lr for t in range(len(recorder.weights) - 1)]
         return {

@@ -164,7 +164,9 @@ def build(case, seed, load_universal=False, reshard=False):
     return engine
 
 
-def train_steps(engine, case, first, count):
+def train_steps(engine, case, first, count, before=lambda step, micro, phase: None):
+    """Global steps first .. first + count - 1; ``before(step, micro, phase)`` is called before each forward,
+    backward and step (tests/workers/crash_resume.py kills a rank there)."""
     dtype = dtype_of(case)
     rank, gas = dist.get_rank(), engine.gradient_accumulation_steps()
     losses = []
@@ -175,8 +177,11 @@ def train_steps(engine, case, first, count):
             continue
         for micro in range(gas):
             inputs, targets = batch(step, micro, rank, gas, dtype)
+            before(step, micro, "forward")
             loss = mse(engine(inputs), targets)
+            before(step, micro, "backward")
             engine.backward(loss)
+            before(step, micro, "step")
             engine.step()
         losses.append(float(loss))
     return losses
