@@ -15,7 +15,6 @@ Needs transformers and accelerate (tests/requirements.txt pins the tested versio
 the module is skipped, or fails where DS_GAFIX_REQUIRE_HF=1 (CI) says they must be there.
 """
 
-
 import pytest
 
 from helpers.hf_required import require_transformers_and_accelerate

@@ -33,7 +33,8 @@ def ratio_range(rows):
 def crash_resume():
     trials = load("crash_resume/fork.json")
     in_save = sum(trial["kill"]["where"] == "save" for trial in trials)
-    resumed = sum("restart_error" not in trial and trial["resumed_at"] == trial["expected_resume_at"] for trial in trials)
+    resumed = sum("restart_error" not in trial and trial["resumed_at"] == trial["expected_resume_at"]
+                  for trial in trials)
     on_two = [trial["final_error"] for trial in trials if trial["restart_ranks"] == 2 and "final_error" in trial]
     teardown = [trial["teardown_seconds"] for trial in trials]
     return (f"{len(trials)} seeded trials, one of 2 ranks killed ({in_save} inside a save, {len(trials) - in_save} in "
@@ -190,8 +191,8 @@ REPORTS = [
      "page: per_item within 1.3e-6 (fp32) of the global item mean at every split, mean mode 5.5% to 26% off"),
     ("hf_trainer.md", "Hugging Face Trainer versions", "python tools/hf_matrix.py",
      "page: transformers 5.24.0 and 5.23.0 with accelerate 1.15.0 right on every case, fork and 0.19.8 alike"),
-    ("crash_resume.md", "A rank killed in training or in a save", "python -m pytest tests/test_crash_resume.py --run-slow",
-     crash_resume),
+    ("crash_resume.md", "A rank killed in training or in a save",
+     "python -m pytest tests/test_crash_resume.py --run-slow", crash_resume),
     ("resume.md", "Resuming on another number of ranks", "python -m pytest tests/test_resume_world_size.py --run-slow",
      "page: with checkpoint.reshard_on_load the resumed run continues the writer's (2 -> 1, 1 -> 2, 2 -> 4, 4 -> 2 "
      "ranks, ZeRO 1-3); 0.19.8 refuses every move"),
