@@ -116,8 +116,8 @@ def trials(tmp_path_factory, extensions_dir, request):
     outcomes, record = {}, os.environ.get("DS_GAFIX_CRASH_TRIALS_JSON")
     for seed in seeds:
         config = config_of(seed)
-        files = [rank["files_per_save"] for rank in reference.case(f"uninterrupted/{config}")]
-        trial = draw(seed, files)
+        uninterrupted = reference.case(f"uninterrupted/{config}")
+        trial = draw(seed, [rank["files_per_save"] for rank in uninterrupted])
         trial_dir = root / f"trial{seed}"
         trial_dir.mkdir()
         killed_at, finished = trial_dir / "killed_at", trial_dir / "finished"
@@ -148,7 +148,7 @@ def trials(tmp_path_factory, extensions_dir, request):
         except AssertionError as err:  # LaunchError (a hang, a rank without results) or a case that raised
             message = str(err)
             trial["restart_error"] = message if len(message) < 4000 else f"{message[:1000]}\n...\n{message[-3000:]}"
-        trial["uninterrupted"] = reference.case(f"uninterrupted/{config}")
+        trial["uninterrupted"] = uninterrupted
         outcomes[seed] = trial
         if record:  # after every trial: a run stopped part way keeps what it did
             Path(record).write_text(json.dumps([report(trial) for trial in outcomes.values()], indent=1) + "\n")

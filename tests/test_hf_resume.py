@@ -26,8 +26,9 @@ from helpers.selection import selected_params
 
 require_transformers_and_accelerate()
 
+from hf_training.resume_run import SAVE_STEPS, STEPS  # noqa: E402
+
 WORKER = Path(__file__).parent / "workers" / "hf_resume.py"
-STEPS, SAVE_STEPS = 4, 2  # hf_training/resume_run.py's
 FP32_REORDERED = 1e-6
 
 

@@ -54,16 +54,26 @@ def train_with_saves(engine, config, save_dir, before=lambda step, micro, phase:
 
 
 class SaveCounter:
-    """Counts the files (torch.save calls) each save writes on this rank."""
+    """Counts the files (torch.save calls) each save writes on this rank; with ``cut`` ({"save": n, "file": i,
+    "fraction": f, "killed_at": path}), writes f of the i-th file of the n-th save to the path the engine gave and
+    kills this process there."""
 
-    def __init__(self):
-        self.per_save, self.real_save = [], torch.save
+    def __init__(self, cut=None):
+        self.per_save, self.cut, self.real_save = [], cut, torch.save
         torch.save = self.save
 
     def start(self, n):
         self.per_save.append(0)
 
     def save(self, obj, f, *args, **kwargs):
+        cut = self.cut
+        if cut and self.per_save and (len(self.per_save), self.per_save[-1]) == (cut["save"], cut["file"]):
+            whole = io.BytesIO()
+            self.real_save(obj, whole, *args, **kwargs)
+            data = whole.getvalue()
+            with open(f, "wb") as out:
+                out.write(data[:int(len(data) * cut["fraction"])])
+            die(cut["killed_at"])
         if self.per_save:
             self.per_save[-1] += 1
         return self.real_save(obj, f, *args, **kwargs)
@@ -86,26 +96,8 @@ def kill_run(args):
         if mine and kill["where"] == "train" and (step, micro, phase) == (kill["step"], 0, kill["phase"]):
             die(args.killed_at)
 
-    saving = {"save": 0, "file": 0}
-    real_save = torch.save
-
-    def cut_save(obj, f, *rest, **kwargs):
-        if saving["save"] == kill["save"] and saving["file"] == kill["file"]:
-            whole = io.BytesIO()
-            real_save(obj, whole, *rest, **kwargs)
-            data = whole.getvalue()
-            with open(f, "wb") as out:
-                out.write(data[:int(len(data) * kill["fraction"])])
-            die(args.killed_at)
-        saving["file"] += 1
-        return real_save(obj, f, *rest, **kwargs)
-
-    def on_save(n):
-        saving.update(save=n, file=0)
-
-    if mine and kill["where"] == "save":
-        torch.save = cut_save
-    train_with_saves(engine, args.config, args.kill_run, before, on_save)
+    counter = SaveCounter(cut=dict(kill, killed_at=args.killed_at) if mine and kill["where"] == "save" else None)
+    train_with_saves(engine, args.config, args.kill_run, before, counter.start)
     Path(args.finished).write_text("the kill point never came")
 
 
