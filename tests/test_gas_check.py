@@ -31,7 +31,8 @@ MUST_PASS = [
     "zero2_fp32_caller_divides", "zero1_fp32_boundary_loop", "zero3_bf16_boundary_loop", "zero1_fp32_allreduce_sum",
     "zero2_bf16_allreduce_sum_clip", "zero0_fp32_unmanaged", "zero2_fp32_unmanaged", "pipe2_fp32_clip",
     "zero1_fp32_muon_clip", "zero3_fp32_muon_clip", "zero2_offload_fp32_muon_clip", "zero2_offload_fp32_adagrad_clip",
-    "zero2_offload_fp32_lion_clip", "zero2_fp32_small_buckets", "zero3_fp32_small_buckets"
+    "zero2_offload_fp32_lion_clip", "zero2_fp32_small_buckets", "zero3_fp32_small_buckets",
+    "zero2_fp32_torch_adamw_default_decay"
 ]
 # The engine's other ways to reduce, fetch and place (docs/reference/engine_surface.md). round_robin_gradients
 # failed on 0.19.8: its fp32 fragments, which the check reads, held other parameters' elements (patch 0038).

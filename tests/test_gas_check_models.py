@@ -8,13 +8,11 @@ Each command launches 2 CPU ranks itself (``--ranks 2``), as a user would run it
 """
 
 import json
-import os
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
+from helpers.gas_check_cli import ds_gas_check
 from helpers.repo import REPO
 
 pytestmark = pytest.mark.fork_only
@@ -22,17 +20,6 @@ pytestmark = pytest.mark.fork_only
 # No accumulation and the most (CI's 30 minutes: the splits between add nothing the two do not check).
 SPLITS = ["--splits", "4x1,1x4", "--steps", "2"]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-
-
-def ds_gas_check(args, extensions_dir, cwd=None, timeout=900):
-    command = Path(sys.executable).with_name("ds_gas_check")
-    return subprocess.run([str(command), *args],
-                          stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE,
-                          text=True,
-                          timeout=timeout,
-                          cwd=cwd,
-                          env=dict(os.environ, TORCH_EXTENSIONS_DIR=str(extensions_dir)))
 
 
 def write_config(path, **config):

@@ -109,6 +109,16 @@ CONFIGS = {
     zero(1, gradient_clipping=0.5, **SGD),
     "zero2_fp32_adamw_clip":
     zero(2, gradient_clipping=0.5, **ADAMW),
+    # torch's AdamW (torch_adam) without weight_decay in the config: the engine's optimizer decays by torch's
+    # default, 0.01 (the check's reference once assumed DeepSpeed's Adam default, 0, and failed it by 1e-3).
+    "zero2_fp32_torch_adamw_default_decay":
+    zero(2, **NO_CLIP, optimizer={
+        "type": "AdamW",
+        "params": {
+            "lr": 1e-3,
+            "torch_adam": True
+        }
+    }),
     "zero1_bf16":
     zero(1, **NO_CLIP, **SGD, **BF16),
     "zero2_bf16_clip":

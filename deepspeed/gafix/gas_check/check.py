@@ -23,7 +23,7 @@ from deepspeed.runtime.constants import GRADIENT_CLIPPING_DEFAULT
 from .accumulation import reading as bf16_accumulation_reading
 from .batches import check_batches, item_mean
 from .buckets import with_small_buckets
-from .comparison import flat, gather, relative_errors, sums_as_trained, sums_between
+from .comparison import flat, gather, relative_errors, sums_as_trained, sums_between, update_sums
 from .data import global_batches, item_batches, item_loss_sum, item_mean_loss, loss_fn as builtin_loss, sample_loss_sum
 from .diagnosis import diagnose
 from .formatting import format_results  # noqa: F401 (the check's printed form, where callers found it)
@@ -69,9 +69,23 @@ class Plan:
     reference: bool  # compared with the fp64 reference
     grouped: bool  # without it, each split compared with its own micro-batches trained without accumulation
     small_buckets: str  # what --small-buckets set ("" without it)
+    restart: object = None  # restart.Restart: this launch of ds_gas_check --restart saves, or resumes
 
     def training(self, index, micro, gas, **kwargs):
-        return SplitTraining(self.config, self.workload, micro, gas, self.loop, self.progress, index, **kwargs)
+        return SplitTraining(self.config,
+                             self.workload,
+                             micro,
+                             gas,
+                             self.loop,
+                             self.progress,
+                             index,
+                             restart=self.restart,
+                             **kwargs)
+
+    @property
+    def resumed_at(self):
+        """The step a resuming launch loads the checkpoint at (0: the splits train from the initial weights)."""
+        return self.restart.step if self.restart is not None and self.restart.resume else 0
 
 
 @dataclass(frozen=True)
@@ -166,7 +180,8 @@ def split_without_accumulation(plan, index, micro, gas):
 
 def split_against_reference(plan, index, micro, gas, global_reference):
     """A split compared with the fp64 reference from the engine's own initial weights; also returns the reference
-    on the whole global batch (trained once, at the first split)."""
+    on the whole global batch (trained once, at the first split). A resumed split (``plan.resumed_at``): the weights
+    it loaded are compared with the reference's at that step, and the steps after it from there."""
     config, workload, dtype = plan.config, plan.workload, plan.dtype
     training = plan.training(index, micro, gas, with_reference=True)
     weights = list(training.weights())
@@ -207,16 +222,28 @@ def split_against_reference(plan, index, micro, gas, global_reference):
     # What rounding alone does to this model: plain PyTorch, same micro-batches, the engine's precision.
     floor = run(parts, reference_loss, FLOOR_DTYPE[dtype],
                 get_accelerator().current_device_name(), config_loss_scale(config), **config_storage(config, dp_world))
-    steps = len(trained.norms)
-    local = sums_between(weights, expected.weights, steps)
+    steps, at = len(trained.norms), plan.resumed_at
+    # Resumed: weights[1] is what the engine loaded; each step after it is compared from there, so that a state
+    # the load lost shows at the first step it moves, not diluted by the steps before the save.
+    observed = weights[1:] if at else weights
+    local = sums_between(observed, expected.weights[at:], steps)
+    restored = flat(
+        [update_sums(weights[1], weights[0], run.weights[at], run.weights[0])
+         for run in (expected, floor)]) if at else []
     totals = gather(
         sums=flat(local),
         factors=_rank_factor(local[0]),
-        floor=flat(sums_between(weights, floor.weights, steps)) if dtype != "fp32" else [],
-        floor_gaps=flat(sums_between(floor.weights, expected.weights, steps)),
-        global_gap=[] if plan.per_item else flat(sums_between(expected.weights, global_reference.weights, 1)))
+        floor=flat(sums_between(observed, floor.weights[at:], steps)) if dtype != "fp32" else [],
+        floor_gaps=flat(sums_between(floor.weights[at:], expected.weights[at:], steps)),
+        # Resumed: the weights it loaded carry the rounding of the steps before the save; what rounding does there
+        # counts in the noise floor, as it did for the run that saved them.
+        floor_gaps_before=flat(sums_between(floor.weights, expected.weights, at)),
+        global_gap=[] if plan.per_item else flat(sums_between(expected.weights, global_reference.weights, 1)),
+        restored=restored)
+    restored_errors = relative_errors(totals["restored"]) if at else [float("nan")] * 2
     floor_norm_errors = [abs(n - r) / (r or 1.0) for n, r in zip(floor.norms, expected.norms)]
-    noise_floor = max(floor_norm_errors + relative_errors(totals["floor_gaps"]))
+    noise_floor = max(floor_norm_errors + relative_errors(totals["floor_gaps"] + totals["floor_gaps_before"]))
+    expected = Kept(expected.weights[at:], expected.norms[at:], expected.losses[at:])
     tol = tolerance(dtype, gas)
     result = _result(
         plan,
@@ -230,7 +257,10 @@ def split_against_reference(plan, index, micro, gas, global_reference):
         floor_update_errors=relative_errors(totals["floor"]),
         noise_floor=noise_floor,
         floor_factor=FLOOR_FACTOR[dtype],
-        loss_normalization_gap=(float("nan") if plan.per_item else relative_errors(totals["global_gap"])[0]))
+        loss_normalization_gap=(float("nan") if plan.per_item else relative_errors(totals["global_gap"])[0]),
+        first_step=at + 1,
+        restored_error=restored_errors[0],
+        restored_floor_error=restored_errors[1] if dtype != "fp32" else float("nan"))
     return result, global_reference
 
 
@@ -396,9 +426,21 @@ def run_check(plan):
     return Check(results, [note] if note else [])
 
 
-def make_plan(config, make_model, splits, steps, pipeline_stages, loop, data, loss_fn, reference, progress, items,
-              small_buckets):
-    """Validate the check's input and settle what its splits share."""
+def make_plan(config,
+              make_model,
+              splits,
+              steps,
+              pipeline_stages,
+              loop,
+              data,
+              loss_fn,
+              reference,
+              progress,
+              items,
+              small_buckets,
+              restart=None):
+    """Validate the check's input and settle what its splits share. ``restart`` (restart.Restart): a launch of the
+    restart check: the saving one trains the steps up to the save, the resuming one every step (it loads the rest)."""
     if len({micro * gas for micro, gas in splits}) != 1:
         raise ValueError(f"splits {splits}: micro-batch x GAS must be the same for all, to keep the global batch")
     if pipeline_stages and dist.get_world_size() % pipeline_stages:
@@ -414,6 +456,12 @@ def make_plan(config, make_model, splits, steps, pipeline_stages, loop, data, lo
     per_item = per_item_mode(config)
     if reference == "auto":
         reference = _trainable_count(workload) * REFERENCE_BYTES_PER_PARAMETER <= REFERENCE_LIMIT_BYTES
+    if restart is not None:
+        if not reference:
+            raise ValueError("--restart compares with the fp64 reference, and this model is too large for one on "
+                             "every rank (--reference forces it)")
+        if not restart.resume:
+            workload = replace(workload, batches=workload.batches[:restart.step])
     # Without a reference, a split is compared with what it must give: the same micro-batches' mean loss without
     # accumulation. Where every micro-batch holds the same items (the built-in data) that is the first split, and
     # per_item losses must not depend on the split at all; otherwise (padded tokens: the loss is each
@@ -421,4 +469,4 @@ def make_plan(config, make_model, splits, steps, pipeline_stages, loop, data, lo
     grouped = not reference and not per_item and not workload.uniform_items
     return Plan(config, workload, tuple(splits), loop, progress or quiet(), config_dtype(config),
                 config.get("gradient_clipping", GRADIENT_CLIPPING_DEFAULT), per_item, bool(reference), grouped,
-                bucket_note)
+                bucket_note, restart)

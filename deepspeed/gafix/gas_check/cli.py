@@ -20,6 +20,9 @@ tensors, one per step; it may take the keywords steps and global_batch_size), --
 --hf-model DIR: a local Hugging Face causal LM (config, with or without weights) on synthetic token
 batches of variable lengths. Models too large for an fp64 copy on every rank (or --no-reference) are
 checked by comparing each split with the same micro-batches trained without accumulation.
+
+--restart R: train on --ranks ranks up to a checkpoint, resume it on R ranks with GAS set to keep the global
+batch, and compare every step after the restart with the fp64 reference of the run that never stopped.
 """
 
 import argparse
@@ -140,6 +143,25 @@ def parse_args(argv=None):
         help="ZeRO bucket, prefetch and optimizer sub-group sizes scaled to the model, so that a small "
         "model spans several, as a large one does (replaces the config's own)")
     parser.add_argument("--ranks", type=int, default=1, help="ranks to launch when not under a launcher")
+    parser.add_argument(
+        "--restart",
+        type=int,
+        metavar="R",
+        help="check a restart: train one split (--splits MxG, default 8x2) on --ranks ranks, save a "
+        "checkpoint after --restart-after steps, load it on R ranks and train the rest, compared "
+        "with the fp64 reference of the uninterrupted run (another R needs the config's \"checkpoint\": "
+        "{\"reshard_on_load\": true})")
+    parser.add_argument("--restart-split",
+                        metavar="MxG",
+                        help="the per-rank split after the restart (default: the same micro-batch, GAS set to keep "
+                        "the global batch)")
+    parser.add_argument("--restart-after", type=int, help="steps before the save (default: half of --steps)")
+    parser.add_argument("--checkpoint-dir",
+                        help="where --restart saves its checkpoint, on storage every rank reads (default: a "
+                        "temporary directory, removed after the check)")
+    # Set by --restart for each of its two launches.
+    parser.add_argument("--restart-phase", choices=["save", "resume"], help=argparse.SUPPRESS)
+    parser.add_argument("--saved-by", default="", help=argparse.SUPPRESS)
     parser.add_argument("--preflight",
                         action="store_true",
                         help="only check the config as the engine parses it (unknown or misspelled keys, values "
@@ -197,9 +219,10 @@ def load_config(path, optimizer):
 PREFLIGHT_DONE = "DS_GAS_CHECK_PREFLIGHT_DONE"
 
 
-def run_preflight(config, splits, world, args):
+def run_preflight(config, splits, world, args, told=True):
     """The pre-flight (preflight.py) on ``world`` ranks: None to go on, else the exit status (2 on an error;
-    with --preflight, 0 when there is none). Its notes are printed first."""
+    with --preflight, 0 when there is none). Its notes are printed first (errors only without ``told``: the same
+    config's pre-flight on another number of ranks printed them)."""
     from .check import DEFAULT_SPLITS
     from .preflight import TOLD_ALWAYS, engine_paths, preflight
     found = preflight(config, splits or list(DEFAULT_SPLITS), world, args.pipeline_stages)
@@ -217,7 +240,7 @@ def run_preflight(config, splits, world, args):
             if args.preflight and status != "off-path" or status in TOLD_ALWAYS]
     mapped = [f"map: {status}: {', '.join(keys)}: {note}" for status, keys, note in told]
     lines = head + mapped + [f"note: {note}" for note in found.notes]
-    if rank0 and lines:
+    if rank0 and lines and told:
         print("\n".join(lines), flush=True)
     return 0 if args.preflight else None
 
@@ -234,13 +257,17 @@ def free_port():
 
 def relaunch(argv, ranks):
     """Run this check on ``ranks`` ranks through the deepspeed launcher; return its exit status."""
-    args = list(sys.argv[1:] if argv is None else argv)
+    args = command_line(argv)
     cmd = [
         sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus",
         str(ranks), "--no_local_rank", "--master_port",
         str(free_port()), "--module", "deepspeed.gafix.gas_check", *args
     ]
     return subprocess.call(cmd, env=dict(os.environ, **{PREFLIGHT_DONE: "1"}))
+
+
+def command_line(argv):
+    return list(sys.argv[1:] if argv is None else argv)
 
 
 def single_process_env():
@@ -303,6 +330,7 @@ def fixed_data_splits(data, steps, world, pipeline_stages):
 
 def main(argv=None):
     args = parse_args(argv)
+    restarting = args.restart is not None and args.restart_phase is None
     try:
         splits = parse_splits(args.splits) if args.splits else None
         config, notes = load_config(args.config, args.optimizer)
@@ -310,15 +338,30 @@ def main(argv=None):
         if args.plot:
             from .plot import pyplot
             pyplot()
+        if restarting:
+            from .restart import plan_restart, same_objective
+            from .training import per_item_mode
+            if under_launcher():
+                raise ValueError("--restart launches its two runs itself, on --ranks and then R ranks: run "
+                                 "ds_gas_check --ranks N --restart R, not under the deepspeed launcher")
+            restart_plan = plan_restart(args, splits, parse_splits)
+            same_objective(restart_plan, per_item_mode(config), data is None and args.items == "fixed")
     except ValueError as err:
         print(f"ds_gas_check: error: {err}", file=sys.stderr)
         return 2
     # Before any rank starts (once: the launched ranks skip it), what the engine would refuse is refused here.
     if os.environ.get(PREFLIGHT_DONE) != "1":
         world = int(os.environ["WORLD_SIZE"]) if under_launcher() else args.ranks
-        verdict = run_preflight(config, splits or None, world, args)
-        if verdict is not None:
-            return verdict
+        checks = ([([restart_plan.before], world),
+                   ([restart_plan.after], restart_plan.ranks_after)] if restarting else [(splits or None, world)])
+        for index, (phase_splits, phase_world) in enumerate(checks):
+            verdict = run_preflight(config, phase_splits, phase_world, args, told=index == 0)
+            # An error stops at once; --preflight's pass (0) is told once every number of ranks passed.
+            if verdict == 2 or verdict is not None and index == len(checks) - 1:
+                return verdict
+    if restarting:
+        from .restart import run_both
+        return run_both(args, command_line(argv), restart_plan, relaunch)
     if not under_launcher():
         if args.ranks > 1:
             return relaunch(argv, args.ranks)
@@ -331,6 +374,9 @@ def main(argv=None):
     from .formatting import format_results
     from .preflight import one_line
     from .progress import Progress
+    from .restart import Restart, RestartError, title as restart_title
+    restart = None if args.restart_phase is None else Restart(args.checkpoint_dir, args.restart_after,
+                                                              args.restart_phase == "resume", args.saved_by)
     deepspeed.init_distributed()
     try:
         rank0 = dist.get_rank() == 0
@@ -341,13 +387,18 @@ def main(argv=None):
             progress = Progress(len(splits), enabled=rank0 and not args.quiet)
             check = run_check(
                 make_plan(config, make_model, splits, args.steps, args.pipeline_stages, args.loop, data, loss_fn,
-                          args.reference, progress, args.items, args.small_buckets))
+                          args.reference, progress, args.items, args.small_buckets, restart))
         except (ValueError, DeepSpeedConfigError) as err:
             # Bad input, or a config the engine refuses only once it builds the model or the optimizer: every rank
             # raises the same; one line says it.
             if rank0:
                 print(f"ds_gas_check: error: {one_line(err)}", file=sys.stderr)
             return 2
+        except RestartError as err:
+            # The config trains, but the engine cannot resume it on these ranks: the restart check's finding.
+            if rank0:
+                print(f"ds_gas_check --restart: FAIL: {one_line(err)}", file=sys.stderr)
+            return 1
         results, notes = check.results, notes + check.notes
         if rank0:
             zero = config.get("zero_optimization", {}).get("stage", 0)
@@ -358,7 +409,7 @@ def main(argv=None):
                 f"{'pipeline %d stages, ' % args.pipeline_stages if args.pipeline_stages else ''}"
                 f"{'loss_normalization per_item, ' if config.get('loss_normalization') == 'per_item' else ''}"
                 f"{'variable items per sample, ' if args.items == 'variable' else ''}"
-                f"{len(results[0].update_errors)} steps")
+                f"{len(results[0].norms)} steps" + (f", {restart_title(restart)}" if restart else ""))
             print("\n".join([format_results(results, title)] + [f"note: {n}" for n in notes]), flush=True)
             if args.json:
                 with open(args.json, "w") as f:

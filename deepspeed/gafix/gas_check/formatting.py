@@ -9,9 +9,10 @@ from .verdict import MAX_TOLERANCE
 
 
 def format_results(results, title):
+    first = results[0].first_step
     header = [
-        "split (micro x GAS x ranks)", "norm error", "update error step 1", f"step {len(results[0].update_errors)}",
-        "verdict"
+        "split (micro x GAS x ranks)", "norm error", f"update error step {first}",
+        f"step {first + len(results[0].update_errors) - 1}", "verdict"
     ]
     rows_ = [header]
     for r in results:
@@ -38,11 +39,16 @@ def format_results(results, title):
             f"more than {MAX_TOLERANCE:.0e} and no more than this precision's rounding gives this model: a GAS error "
             "of that size cannot be told from rounding here; check the same config in fp32")
     for r in results:
+        if not math.isnan(r.restored_error):
+            lines.append(f"  {r.name}: the weights it loaded: {r.restored_error:.1e} off the fp64 reference's after "
+                         f"step {r.first_step - 1}" +
+                         ("" if r.restored_ok else f", over the tolerance {r.tolerance:.1e}"))
         if r.steps_matching_floor:
             step = r.steps_matching_floor[0]
+            at = step - r.first_step
             lines.append(
-                f"  {r.name}: update error {r.update_errors[step - 1]:.1e} at step {step} is over the tolerance "
-                f"{r.tolerance:.1e}, but within {r.floor_update_errors[step - 1]:.1e} of plain PyTorch in this "
+                f"  {r.name}: update error {r.update_errors[at]:.1e} at step {step} is over the tolerance "
+                f"{r.tolerance:.1e}, but within {r.floor_update_errors[at]:.1e} of plain PyTorch in this "
                 "precision on the same device and micro-batches: the precision's rounding (Adam turns a "
                 "near-zero gradient's rounding into a full-size step; weights stored in bf16 or fp16 lose an update "
                 "under half their last bit), not the engine")

@@ -12,6 +12,7 @@ how much (a property of the loss and data, not of DeepSpeed).
 """
 
 import copy
+import inspect
 from dataclasses import dataclass, field
 
 import torch
@@ -42,8 +43,13 @@ def reference_optimizer(params, optimizer_config):
         decoupled = kind.lower() == "adamw" or args.get("adam_w_mode", True)
         keys = ("lr", "betas", "eps", "weight_decay")
         kwargs = {k: args[k] for k in keys if k in args}
-        kwargs.setdefault("weight_decay", 0.0)
-        return (torch.optim.AdamW if decoupled else torch.optim.Adam)(params, **kwargs)
+        adam = torch.optim.AdamW if decoupled else torch.optim.Adam
+        # Where the config sets no weight_decay, the engine's optimizer keeps its own default: 0 in DeepSpeed's
+        # fused and CPU Adam, torch's (0.01 for AdamW) with torch_adam, where the engine builds torch's class.
+        kwargs.setdefault(
+            "weight_decay",
+            inspect.signature(adam).parameters["weight_decay"].default if args.get("torch_adam") else 0.0)
+        return adam(params, **kwargs)
     if kind.lower() == "adagrad":
         keys = ("lr", "lr_decay", "weight_decay", "initial_accumulator_value", "eps")
         return torch.optim.Adagrad(params, **{k: args[k] for k in keys if k in args})

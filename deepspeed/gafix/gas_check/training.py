@@ -21,6 +21,7 @@ from deepspeed.accelerator import get_accelerator
 from .batches import model_item_loss, model_loss, rows, to
 from .optimizers import copy_muon_tags, tag_muon_parameters
 from .ownership import check_coverage, owned_masters, spans, sum_over_ranks, values
+from .restart import RestartError
 
 SEED = 1234
 LOOPS = ("step_every_micro_batch", "boundary", "step_once")
@@ -58,11 +59,23 @@ class SplitTraining:
     contract under GAS, whatever the items per micro-batch).
     ``with_reference``: also keep an fp32 copy of the model as built (``reference_model``, ``reference_loss``)
     for the fp64 reference, taken before the engine casts or partitions it.
+    ``restart`` (restart.Restart): save a checkpoint after the last step, or load one after the initial weights and
+    train the steps after the one it was saved at.
     """
 
-    def __init__(self, config, workload, micro, gas, loop, progress, index, with_reference=False, grouped=False):
+    def __init__(self,
+                 config,
+                 workload,
+                 micro,
+                 gas,
+                 loop,
+                 progress,
+                 index,
+                 with_reference=False,
+                 grouped=False,
+                 restart=None):
         self.config, self.workload, self.micro, self.gas, self.loop = config, workload, micro, gas, loop
-        self.progress, self.index, self.grouped = progress, index, grouped
+        self.progress, self.index, self.grouped, self.restart = progress, index, grouped, restart
         stages = workload.pipeline_stages
         self.engine_micro, self.engine_gas = (micro * gas, 1) if grouped else (micro, gas)
         model = _seeded(workload.make_model)
@@ -93,12 +106,18 @@ class SplitTraining:
         self._trained = None
 
     def weights(self):
-        """This rank's owned weights before the first step, then after each step; the engine is gone at the end."""
+        """This rank's owned weights before the first step, then after each step; the engine is gone at the end.
+        Resuming (``restart``): the initial weights, those it loaded, then after each step it trains."""
         initial, self._initial = self._initial, None
         yield initial
         del initial
+        first = 0
+        if self.restart is not None and self.restart.resume:
+            self._resume()
+            first = self.restart.step
+            yield values(owned_masters(self.engine, self.dp_rank, self.dp_world))
         norms, losses, item_sums, item_counts = [], [], [], []
-        for step, batch in enumerate(self.workload.batches):
+        for step, batch in enumerate(self.workload.batches[first:], first):
             loss, total, items = self._train_step(batch)
             losses.append(loss)
             item_sums.append(total)
@@ -108,11 +127,27 @@ class SplitTraining:
             yield values(owned_masters(self.engine, self.dp_rank, self.dp_world))
             self.progress.step(self.index, self._what(), step + 1, len(self.workload.batches))
         skipped_steps = self.engine.skipped_steps
+        if self.restart is not None and not self.restart.resume:
+            self.engine.save_checkpoint(self.restart.directory)
         self.engine.destroy()
         self.engine = None
         gc.collect()  # the engine's partitions and buffers, before the next split builds its own
         get_accelerator().empty_cache()
         self._trained = Trained(norms, self._losses_over_ranks(losses, item_sums, item_counts), skipped_steps)
+
+    def _resume(self):
+        """Load the checkpoint the restart saved, as a training script resuming on this run's ranks would."""
+        directory, step = self.restart.directory, self.restart.step
+        try:
+            path, _ = self.engine.load_checkpoint(directory)
+        except Exception as err:  # what the engine raises is the finding: the config does not resume here
+            raise RestartError(f"the engine could not resume from {directory} on {dist.get_world_size()} rank(s): "
+                               f"{type(err).__name__}: {err}") from err
+        if path is None:
+            raise RestartError(f"load_checkpoint found no checkpoint in {directory}")
+        if self.engine.global_steps != step:
+            raise RestartError(f"the checkpoint in {directory} resumed at step {self.engine.global_steps}, not at "
+                               f"step {step} where it was saved")
 
     def trained(self):
         """What the engine reported; call after ``weights()`` is exhausted."""

@@ -72,6 +72,12 @@ class SplitResult:
     floor_update_errors: list = field(default_factory=list)
     small_buckets: str = ""  # what --small-buckets set ("" without it)
     skipped_steps: int = 0  # steps the engine skipped (non-finite gradients)
+    # A split resumed from a checkpoint (ds_gas_check --restart): the step its first update_errors entry is, and
+    # ||restored weights' update since the start - the reference's|| / ||the reference's|| at the step it resumed
+    # at, with the same of plain PyTorch in the engine's precision (nan for a split that trained from the start).
+    first_step: int = 1
+    restored_error: float = float("nan")
+    restored_floor_error: float = float("nan")
 
     @property
     def steps_matching_floor(self):
@@ -79,14 +85,23 @@ class SplitResult:
         PyTorch in the engine's precision on the same micro-batches: that precision's rounding, which Adam
         turns into a full-size step where a gradient is near zero (an element's sign flips), not the engine's."""
         return [
-            step for step, (error, floor) in enumerate(zip(self.update_errors, self.floor_update_errors), 1)
+            step
+            for step, (error, floor) in enumerate(zip(self.update_errors, self.floor_update_errors), self.first_step)
             if error > self.tolerance and floor <= self.tolerance_for_dtype
         ]
 
     @property
     def updates_ok(self):
         matching = self.steps_matching_floor
-        return all(e <= self.tolerance or step in matching for step, e in enumerate(self.update_errors, 1))
+        return self.restored_ok and all(e <= self.tolerance or step in matching
+                                        for step, e in enumerate(self.update_errors, self.first_step))
+
+    @property
+    def restored_ok(self):
+        """The weights a resumed split loaded are the reference's at that step, within what a split is allowed
+        (or within the dtype's tolerance of plain PyTorch in the engine's precision, as steps_matching_floor)."""
+        error, floor = self.restored_error, self.restored_floor_error
+        return math.isnan(error) or error <= self.tolerance or floor <= self.tolerance_for_dtype
 
     @property
     def norm_ok(self):
@@ -103,7 +118,8 @@ class SplitResult:
         bf16 does this: Newton-Schulz lifts the rounding in a gradient's small directions to full size."""
         allowed = self.floor_factor * self.noise_floor
         return (not self.passed and self.norm_ok and allowed > MAX_TOLERANCE
-                and all(e <= allowed for e in self.update_errors))
+                and all(e <= allowed for e in self.update_errors)
+                and (math.isnan(self.restored_error) or self.restored_error <= allowed))
 
     @property
     def verdict(self):
