@@ -87,11 +87,14 @@ def test_control_a_resume_without_optimizer_states_fails(tmp_path, extensions_di
 @pytest.mark.slow
 def test_another_number_of_ranks_without_reshard_on_load_is_the_engine_refusing(tmp_path, extensions_dir):
     config = write_config(tmp_path, **ADAMW_WARMUP_CLIP)
-    proc = ds_gas_check(["--config", config, "--ranks", "2", "--restart", "1", "--steps", "2"], extensions_dir,
-                        tmp_path)
+    results = tmp_path / "results.json"
+    proc = ds_gas_check(["--config", config, "--ranks", "2", "--restart", "1", "--steps", "2", "--json",
+                         str(results)], extensions_dir, tmp_path)
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "ds_gas_check --restart: FAIL: the engine could not resume from" in proc.stderr
     assert "reshard_on_load" in proc.stderr
+    found = json.loads(results.read_text())
+    assert found["saved"][0]["passed"] and "reshard_on_load" in found["resumed"]["error"], found
 
 
 @pytest.mark.parametrize("args, message", [

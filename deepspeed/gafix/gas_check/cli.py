@@ -398,6 +398,9 @@ def main(argv=None):
             # The config trains, but the engine cannot resume it on these ranks: the restart check's finding.
             if rank0:
                 print(f"ds_gas_check --restart: FAIL: {one_line(err)}", file=sys.stderr)
+                if args.json:
+                    with open(args.json, "w") as f:
+                        json.dump({"error": one_line(err)}, f)
             return 1
         results, notes = check.results, notes + check.notes
         if rank0:

@@ -125,11 +125,15 @@ def run_both(args, argv, plan, launch):
                 f"ds_gas_check --restart: the run before the restart did not pass (exit {statuses[0]}): the "
                 "restart is not checked",
                 flush=True)
-        elif args.json:
+        if args.json:
+            # A launch that stopped before its results (bad input, a crash) wrote none: null.
             merged = {}
             for phase, path in outputs.items():
-                with open(path) as f:
-                    merged["saved" if phase == "save" else "resumed"] = json.load(f)
+                key = "saved" if phase == "save" else "resumed"
+                merged[key] = None
+                if os.path.isfile(path):
+                    with open(path) as f:
+                        merged[key] = json.load(f)
             with open(args.json, "w") as f:
                 json.dump(merged, f, indent=1)
     finally:
