@@ -18,9 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers.client_resume import assert_resumed_where_saved, written_and_resumed
 from helpers.hf_required import require_transformers_and_accelerate
-from helpers.launch import launch_cases
-from helpers.selection import selected_params
 
 require_transformers_and_accelerate()
 
@@ -32,31 +31,14 @@ FP32_REORDERED = 1e-6
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, extensions_dir, request):
     """The 2-process run from the start, and the 1-process run resumed from its state, per ZeRO stage."""
-    root = tmp_path_factory.mktemp("accelerate-resume")
-    stages = ",".join(str(stage) for stage in selected_params(request, "stage", "runs"))
-    common = ["--root", str(root), "--stages", stages]
-    written = launch_cases(WORKER,
-                           2,
-                           extensions_dir=extensions_dir,
-                           timeout=1200,
-                           extra_args=common + ["--uninterrupted"])
-    resumed = launch_cases(WORKER,
-                           1,
-                           extensions_dir=extensions_dir,
-                           timeout=1200,
-                           extra_args=common + ["--resume-from", "2"])
-    return lambda stage: (written.case(f"uninterrupted/zero{stage}"), resumed.case(f"resume-from2/zero{stage}"))
+    return written_and_resumed(WORKER, tmp_path_factory.mktemp("accelerate-resume"), extensions_dir, request)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("stage", [2, 3], ids=["zero2", "zero3"])
 def test_load_state_resumes_on_fewer_processes(runs, stage):
     written, (resumed, ) = runs(stage)
-    assert all(rank["weights"] == written[0]["weights"] for rank in written), "the writer's ranks disagree"
-    uninterrupted = written[0]
-    assert resumed["resumed_at"] == SAVE_STEPS, f"load_state resumed at step {resumed['resumed_at']}"
-    assert resumed["global_step"] == uninterrupted["global_step"] == STEPS
-    assert resumed["lr"] == pytest.approx(uninterrupted["lr"], rel=1e-12)
+    uninterrupted = assert_resumed_where_saved(written, resumed, STEPS, SAVE_STEPS, "load_state")
     initial, final, ours = (torch.tensor(weights, dtype=torch.float64)
                             for weights in (uninterrupted["initial"], uninterrupted["weights"], resumed["weights"]))
     error = float((ours - final).norm() / (final - initial).norm())

@@ -3,6 +3,8 @@
 # DeepSpeed Team
 """Tiny causal LMs built from config (no hub download), seeded once and saved, reloaded per case."""
 
+from pathlib import Path
+
 import torch
 
 VOCAB_SIZE = 96
@@ -36,6 +38,16 @@ def from_settings(settings, seed=0, attn_implementation="eager"):
 def save_seeded(model_name, directory, seed=0):
     """Initialise ``model_name`` from its config with ``seed`` and save it to ``directory``."""
     from_settings(CONFIGS[model_name], seed).save_pretrained(directory)
+
+
+def saved_once(model_name, root):
+    """``root``/model: ``model_name`` seeded and saved there by rank 0 of the first launch, read by every rank after."""
+    import deepspeed.comm as dist
+    path = Path(root) / "model"
+    if dist.get_rank() == 0 and not path.exists():
+        save_seeded(model_name, path)
+    dist.barrier()
+    return path
 
 
 def load(directory, dtype=torch.float32):

@@ -64,14 +64,6 @@ def ds_config(stage, gas):
     }
 
 
-def model_dir(root):
-    path = Path(root) / "model"
-    if dist.get_rank() == 0 and not path.exists():
-        tiny_models.save_seeded("llama", path)
-    dist.barrier()
-    return path
-
-
 def own_rows(rows, world, gas):
     """This process's micro-batches of every step: its MICRO_BATCH x ``gas`` rows of each step's GLOBAL_BATCH."""
     share = MICRO_BATCH * gas
@@ -92,7 +84,7 @@ def train(root, stage, writer=None):
     with process_state_reset():
         plugin = DeepSpeedPlugin(hf_ds_config=ds_config(stage, gas), gradient_accumulation_steps=gas)
         accelerator = Accelerator(deepspeed_plugin=plugin)
-        model = tiny_models.load(model_dir(root))
+        model = tiny_models.load(tiny_models.saved_once("llama", root))
         optimizer = DummyOptim(model.parameters())
         loader = torch.utils.data.DataLoader(batches.Rows(own_rows(rows, world, gas)),
                                              batch_size=MICRO_BATCH,

@@ -20,14 +20,6 @@ from helpers.rank_cases import run_cases  # noqa: E402
 from hf_training import batches, resume_run, tiny_models  # noqa: E402
 
 
-def model_dir(root):
-    path = Path(root) / "model"
-    if dist.get_rank() == 0 and not path.exists():
-        tiny_models.save_seeded("llama", path)
-    dist.barrier()
-    return path
-
-
 def case(root, stage, writer=None):
 
     def run():
@@ -38,7 +30,8 @@ def case(root, stage, writer=None):
             resume_from = str(Path(root) / f"zero{stage}-on{writer}" / f"checkpoint-{resume_run.SAVE_STEPS}")
         output_dir = Path(root) / (f"zero{stage}-on{world}"
                                    if writer is None else f"zero{stage}-from{writer}-on{world}")
-        return resume_run.train(model_dir(root), rows, str(output_dir), stage, world, resume_from)
+        return resume_run.train(tiny_models.saved_once("llama", root), rows, str(output_dir), stage, world,
+                                resume_from)
 
     return run
 
