@@ -39,6 +39,9 @@ WARMUP = {"type": "WarmupLR", "params": {"warmup_min_lr": 0.0, "warmup_max_lr": 
 # Dynamic loss scale with a short window: the scale grows inside the run, so its state (scale,
 # counters since the last overflow) must cross the checkpoint. Initial scale 2^20 overflows once.
 FP16 = {"enabled": True, "loss_scale": 0, "initial_scale_power": 20, "loss_scale_window": 2, "hysteresis": 1}
+# An fp16 run whose optimizer steps from the first step (2^8 does not overflow this model): Adam's states, the master
+# weights and a loss scale that has grown (window 2) cross the checkpoint.
+FP16_STEPPING = {"enabled": True, "loss_scale": 0, "initial_scale_power": 8, "loss_scale_window": 2, "hysteresis": 1}
 CONFIGS = {
     "zero1_fp32": {
         "zero_optimization": {
@@ -91,6 +94,26 @@ CONFIGS = {
             "stage": 3
         },
         "fp16": FP16
+    },
+    "zero1_fp16_stepping_clip": {
+        "zero_optimization": {
+            "stage": 1
+        },
+        "fp16": FP16_STEPPING,
+        "gradient_clipping": 0.5
+    },
+    "zero2_fp16_stepping_clip": {
+        "zero_optimization": {
+            "stage": 2
+        },
+        "fp16": FP16_STEPPING,
+        "gradient_clipping": 0.5
+    },
+    "zero3_fp16_stepping": {
+        "zero_optimization": {
+            "stage": 3
+        },
+        "fp16": FP16_STEPPING
     },
     "zero2_offload_fp32_clip": {
         "zero_optimization": {
