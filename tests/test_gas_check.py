@@ -44,7 +44,7 @@ ENGINE_SURFACE = [
     "zero3_fp32_hpz", "zero3_fp32_fetch_by_all_reduce", "zero3_fp32_allgather_sequential", "zero0_autocast_bf16",
     "zero2_autocast_bf16", "zero2_fp32_warmup_lr", "zero3_offload_fp32_warmup_lr", "zero1_bf16_warmup_decay_lr",
     "zero0_fp16_one_cycle", "zero0_fp32_torch_step_lr", "zero2_fp32_torch_cosine_lr", "zero1_bf16_master_adam_clip",
-    "zero3_bf16_master_sgd_clip"
+    "zero3_bf16_master_sgd_clip", "zero3_fp32_leaf_module_small_buckets"
 ]
 MUST_PASS += ENGINE_SURFACE
 

@@ -19,6 +19,8 @@ except ImportError:  # pristine upstream: the checker is not installed, load it 
     sys.path.insert(0, str(HERE.parents[1] / "deepspeed" / "gafix"))
     import gas_check
 
+import torch  # noqa: E402
+
 from deepspeed.runtime.engine import DeepSpeedEngine  # noqa: E402
 from helpers.rank_cases import force_fp16_on_cpu, run_cases  # noqa: E402
 
@@ -452,6 +454,41 @@ CASES["zero0_fp32_clip_per_item_variable_items"] = lambda: check(zero(0, gradien
                                                                  items="variable")
 CASES["zero1_bf16_fp32_accum_per_item_variable_items"] = lambda: check(
     zero(1, **NO_CLIP, **PER_ITEM, **SGD, **BF16_FP32_ACCUM, bf16={"enabled": True}), items="variable")
+
+
+class LeafBlock(torch.nn.Module):
+    """Two layers ZeRO-3 fetches and reduces as one (``zero_optimization.leaf_module``), as it does an MoE block."""
+
+    def __init__(self):
+        super().__init__()
+        self.up = torch.nn.Linear(8, 32)
+        self.down = torch.nn.Linear(32, 32)
+
+    def forward(self, x):
+        return torch.tanh(self.down(torch.tanh(self.up(x))))
+
+
+def leaf_block_model():
+    # The block after a layer: its input requires grad, as in a transformer (DeepSpeed does not support a leaf module
+    # whose inputs do not: its backward never fetches the block's parameters).
+    return torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh(), LeafBlock(), torch.nn.Linear(32, 4))
+
+
+# ZeRO-3 leaf modules: the block's gradients reduce-scattered at its exit, not per parameter; small buckets so that
+# the model spans several.
+CASES["zero3_fp32_leaf_module_small_buckets"] = lambda: check(
+    {
+        "zero_optimization": {
+            "stage": 3,
+            "leaf_module": {
+                "classes": ["LeafBlock"]
+            }
+        },
+        "gradient_clipping": 0.5,
+        **SGD
+    },
+    make_model=leaf_block_model,
+    small_buckets=True)
 
 
 def user_pipeline_transformer():
