@@ -8,6 +8,7 @@ passes ``--preflight`` (exit status 0). In this process: nothing is launched."""
 import json
 
 import pytest
+import torch
 
 pytestmark = pytest.mark.fork_only
 
@@ -98,6 +99,17 @@ def test_preflight(case, tmp_path, capsys):
     assert line in (out.err if status else out.out), out
     if status:
         assert out.err.count("\n") <= 2 and "Traceback" not in out.err, out.err  # one line each, no traceback
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="DeepCompile runs here")
+def test_deepcompile_is_refused_off_cuda(tmp_path, capsys):
+    # ds_gas_check compiles the engine for DeepCompile, whose op builds for CUDA only: one line, not a build error.
+    from deepspeed.gafix.gas_check.cli import main
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps({"zero_optimization": {"stage": 1}, "compile": {"deepcompile": True}}))
+    assert main(["--config", str(path), "--ranks", "1", "--preflight"]) == 2
+    err = capsys.readouterr().err
+    assert "compile.deepcompile: DeepCompile runs on CUDA devices only (this accelerator: cpu)" in err, err
 
 
 def test_a_refused_config_stops_before_any_rank_starts(tmp_path, capsys, monkeypatch):

@@ -92,7 +92,7 @@ def optimizers():
 
 
 # The dated records the index reads: each page beside the results file of the same stem.
-GPU_RECORD = "gpu_check/2026-11-26"
+GPU_RECORD = "gpu_check/2026-11-27"
 CUDA_BUILD_RECORD = "cuda_build/2026-11-25"
 
 

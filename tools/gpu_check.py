@@ -70,8 +70,40 @@ SUPER_OFFLOAD = {
     },
     "gradient_clipping": 0.1,
 }
+
+
+def deepcompile(stage):
+    """DeepCompile (CUDA and NCCL only): its compiled backward reduces and partitions the gradients itself, with
+    the ZeRO pass of ``stage``; clipping below the norm."""
+    return {
+        "train_micro_batch_size_per_gpu": 4,
+        "gradient_accumulation_steps": 4,
+        "bf16": {
+            "enabled": True
+        },
+        "zero_optimization": {
+            "stage": stage
+        },
+        "compile": {
+            "deepcompile": True
+        },
+        "optimizer": {
+            "type": "Adam",
+            "params": {
+                "lr": 1e-3
+            }
+        },
+        "gradient_clipping": 0.1,
+    }
+
+
 # The configs the ds_gas_check checks read, written into the record's folder.
-GAS_CHECK_CONFIGS = {"bf16_fused_adam.json": BF16_FUSED_ADAM, "superoffload.json": SUPER_OFFLOAD}
+GAS_CHECK_CONFIGS = {
+    "bf16_fused_adam.json": BF16_FUSED_ADAM,
+    "superoffload.json": SUPER_OFFLOAD,
+    "deepcompile_zero1.json": deepcompile(1),
+    "deepcompile_zero3.json": deepcompile(3),
+}
 # Step time per model: ZeRO-2 and ZeRO-3 at GAS 1 and 8, fresh workers per config, five alternating rounds
 # (on an H100: GPT-2 125M ~3.5 min; Llama 1B ~4 min). On a fresh machine give step-counts 5 minutes and
 # gas-check a few: their first use JIT-compiles the CPU Adam and FusedAdam ops.
@@ -234,6 +266,8 @@ def checks():
         gas_check("gas-check-superoffload",
                   "bf16 ZeRO-3 SuperOffload (a speculative CPU step, rolled back under clipping)",
                   "superoffload.json"),
+        gas_check("gas-check-deepcompile-zero1", "bf16 DeepCompile with its ZeRO-1 pass", "deepcompile_zero1.json"),
+        gas_check("gas-check-deepcompile-zero3", "bf16 DeepCompile with its ZeRO-3 pass", "deepcompile_zero3.json"),
         Check("norm-bandwidth",
               "fused norm vs a copy, GPT-2 125M/350M gradient sets (benchmarks/grad_norm_speed.py)",
               f"every set at least {NORM_OF_COPY:.0%} of the copy bandwidth, relative error <= 1e-6",

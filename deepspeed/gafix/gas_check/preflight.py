@@ -148,6 +148,13 @@ def preflight(config, splits, world, pipeline_stages=0, known=None):
                              "from their own arguments; give ds_gas_check the values they would set")
         return result
     result.coverage = coverage(config)
+    if (config.get("compile") or {}).get("deepcompile"):
+        # The engine accepts the key anywhere, and compile() fails only when it builds DeepCompile's CUDA op.
+        from deepspeed.accelerator import get_accelerator
+        device = get_accelerator().device_name()
+        if device != "cuda":
+            result.errors.append(f"compile.deepcompile: DeepCompile runs on CUDA devices only (this accelerator: "
+                                 f"{device}); check this config on a GPU")
     dp_world = world // (pipeline_stages or 1)
     micro, gas = splits[0]
     refusal = engine_refusal(split_config(config, micro, gas), dp_world)

@@ -60,7 +60,8 @@ class SplitTraining:
     ``with_reference``: also keep an fp32 copy of the model as built (``reference_model``, ``reference_loss``)
     for the fp64 reference, taken before the engine casts or partitions it.
     ``restart`` (restart.Restart): save a checkpoint after the last step, or load one after the initial weights and
-    train the steps after the one it was saved at.
+    train the steps after the one it was saved at. ``sequence`` (sequence.SequenceParallel): the engine gets its
+    mpu, and each rank backpropagates its loss as that recipe writes it.
     """
 
     def __init__(self,
@@ -73,9 +74,11 @@ class SplitTraining:
                  index,
                  with_reference=False,
                  grouped=False,
-                 restart=None):
+                 restart=None,
+                 sequence=None):
         self.config, self.workload, self.micro, self.gas, self.loop = config, workload, micro, gas, loop
         self.progress, self.index, self.grouped, self.restart = progress, index, grouped, restart
+        self.sequence = sequence
         stages = workload.pipeline_stages
         self.engine_micro, self.engine_gas = (micro * gas, 1) if grouped else (micro, gas)
         model = _seeded(workload.make_model)
@@ -96,7 +99,12 @@ class SplitTraining:
         # The engine only: the optimizer and the rest it returns would outlive it in this object.
         self.engine = deepspeed.initialize(model=model,
                                            model_parameters=[p for p in model.parameters() if p.requires_grad],
-                                           config=split_config(config, self.engine_micro, self.engine_gas))[0]
+                                           config=split_config(config, self.engine_micro, self.engine_gas),
+                                           mpu=sequence.mpu() if sequence else None)[0]
+        if config.get("compile", {}).get("deepcompile"):
+            # DeepCompile replaces the engine's gradient hooks only once the engine is compiled, as a training
+            # script with this config compiles it: checked without, the config's own path would go untested.
+            self.engine.compile()
         self.dp_rank = self.engine.grid.get_data_parallel_id() if stages else dist.get_rank()
         self.dp_world = dist.get_world_size() // (stages or 1)
         initial = owned_masters(self.engine, self.dp_rank, self.dp_world)
@@ -195,7 +203,7 @@ class SplitTraining:
                     for k in range(groups)
                 ] if self.grouped else [model_loss(engine, micro_batch, workload.loss_fn)]
                 loss = sum(parts) / len(parts)
-                engine.backward(loss / loss_divisor)
+                engine.backward((self.sequence.backpropagated(loss) if self.sequence else loss) / loss_divisor)
             total += loss.item()
             if self.loop == "step_every_micro_batch" or last:
                 engine.step()
