@@ -92,6 +92,7 @@ CASES_READ_BY = {
     "test_small_buckets_reveal_a_bucket_bug": ["control_bucket_bug_needs_small_buckets"],
     "test_a_step_the_engine_skips_is_reported": ["control_inf_gradient_in_step_2"],
     "test_each_split_is_gathered_in_one_collective": ["comparison_collectives"],
+    "test_control_mislabelled_sequence_parallel_loss_fails": ["control_sp2_gathered_loss_declared_as_share"],
 }
 
 
@@ -106,8 +107,8 @@ def cases_read_by(item):
 
 def launch_order(cases):
     """The worker's rule: pipeline cases last (the pipeline grid stays in deepspeed.utils.groups for the rest
-    of the process)."""
-    return sorted(cases, key=lambda case: case.startswith("pipe"))
+    of the process), sequence-parallel ones just before them (their groups stay too)."""
+    return sorted(cases, key=lambda case: (case.startswith("pipe"), "_sp2" in case))
 
 
 @pytest.fixture(scope="module")
@@ -328,6 +329,10 @@ def test_command_line_on_example_config(tmp_path, extensions_dir):
     (["--config", "/nonexistent/ds.json"], "--config /nonexistent/ds.json: No such file or directory"),
     (["--config", "{config}", "--splits", "4x1,3x"], "--splits '4x1,3x': expected e.g. 16x1,8x2"),
     (["--config", "{config}", "--model", "nomodule"], "--model 'nomodule': expected 'module:function'"),
+    (["--config", "{config}", "--ranks", "3", "--sequence-parallel", "2"], "--sequence-parallel 2 does not divide 3 "
+     "ranks"),
+    (["--config", "{config}", "--sequence-parallel", "2", "--model", "m:f"
+      ], "--sequence-parallel checks the built-in self-attention model"),
 ])
 def test_command_line_bad_input(tmp_path, capsys, args, message):
     # In this process: every such error is found before deepspeed is initialized.
@@ -377,7 +382,7 @@ def launched_four(extensions_dir, request):
     # cross-replica reduction (CI's 30 minutes do not hold a third launch).
     """4 ranks = 2 pipeline stages x 2 data-parallel ranks."""
     cases = selected_params(request, "case", "launched_four")
-    return launch_cases(WORKER, nprocs=4, cases=cases, extensions_dir=extensions_dir, timeout=900)
+    return launch_cases(WORKER, nprocs=4, cases=launch_order(cases), extensions_dir=extensions_dir, timeout=900)
 
 
 @pytest.mark.slow
@@ -385,3 +390,39 @@ def launched_four(extensions_dir, request):
 def test_gas_invariant_pipeline_2x2(launched_four, case):
     assert [r["name"] for r in launched_four.case(case)[0]] == ["16 x 1 x 4", "8 x 2 x 4", "4 x 4 x 4", "2 x 8 x 4"]
     assert_gas_invariant(launched_four, case)
+
+
+# Ulysses sequence parallelism (ds_gas_check --sequence-parallel 2): CI runs ZeRO-3 with each rank's share of the
+# loss (0.19.8's reduce-scatter halves it: norm 0.5x fp64's, upstream #5248); the gathered loss (ALST's recipe; 0.19.8
+# adds the SP ranks' gradients on ZeRO-1: norm 2x) and a bf16 gradient reduction slow.
+SEQUENCE_PARALLEL = [
+    "zero3_fp32_sp2_clip", "zero3_fp32_sp2_gathered_clip", "zero1_bf16_sp2_gathered",
+    "zero2_bf16_sp2_gathered_comm_bf16"
+]
+SEQUENCE_PARALLEL_SLOW = SEQUENCE_PARALLEL[1:]
+
+
+@pytest.mark.parametrize("case", [
+    pytest.param(case, marks=[pytest.mark.slow] if case in SEQUENCE_PARALLEL_SLOW else [])
+    for case in SEQUENCE_PARALLEL
+])
+def test_gas_invariant_sequence_parallel(launched, case):
+    assert [r["name"] for r in launched.case(case)[0]] == ["8 x 1 x 2", "4 x 2 x 2"]
+    assert_gas_invariant(launched, case)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", SEQUENCE_PARALLEL[:2])
+def test_gas_invariant_sequence_parallel_dp2(launched_four, case):
+    """Sequence parallel 2 x data parallel 2."""
+    assert [r["name"] for r in launched_four.case(case)[0]] == ["8 x 1 x 4", "4 x 2 x 4"]
+    assert_gas_invariant(launched_four, case)
+
+
+@pytest.mark.fork_only  # 0.19.8 cannot be told how the loss is written
+def test_control_mislabelled_sequence_parallel_loss_fails(launched):
+    """The gathered loss backpropagated where the engine is told each rank writes its share: every split fails,
+    its norm twice fp64's."""
+    for rank, rows in enumerate(launched.case("control_sp2_gathered_loss_declared_as_share")):
+        assert not any(r["passed"] for r in rows), f"rank {rank}:\n{describe(rows)}"
+        assert all(r["norm_factor"] == pytest.approx(2.0, rel=1e-3) for r in rows), describe(rows)

@@ -112,6 +112,18 @@ def test_a_single_split_cannot_name_a_cause_its_factor_only_resembles():
     assert [c.mistake for c in explain(two, TOLERANCE)] == ["gradients summed over data-parallel ranks, not averaged"]
 
 
+def test_sequence_parallel_factors_are_named_with_the_loss_recipe():
+    """A sequence-parallel group's gradients averaged where they must add up (0.19.8's ZeRO-3 reduce-scatter on each
+    rank's share of the loss) give x1/SP on every split; at SP 2 of 4 ranks it is told from the world size, and
+    without sequence parallelism it is never named."""
+    halved = [Observation(gas, 4, dot=0.5, expected_sq=1.0, observed_sq=0.25, sp=2) for gas in SPLITS]
+    assert [c.formula for c in explain(halved, TOLERANCE)] == ["1/sequence parallel (1/{sp})"]
+    doubled = [Observation(gas, 4, dot=2.0, expected_sq=1.0, observed_sq=4.0, sp=2) for gas in SPLITS]
+    assert [c.formula for c in explain(doubled, TOLERANCE)] == ["sequence parallel ({sp})"]
+    plain = [dataclasses.replace(o, sp=1) for o in halved]
+    assert all("sequence" not in c.mistake for c in explain(plain, TOLERANCE))
+
+
 def test_loss_scale_causes_need_a_loss_scale():
     observations = [Observation(gas, WORLD, dot=1 / 256, expected_sq=1.0, observed_sq=(1 / 256)**2) for gas in SPLITS]
     assert explain(observations, TOLERANCE) == []

@@ -7,6 +7,7 @@ Against the fork the installed ``deepspeed.gafix.gas_check`` runs; against prist
 checker (which uses public DeepSpeed APIs only) is loaded from this repository as a standalone tool.
 """
 
+import importlib
 import sys
 from pathlib import Path
 
@@ -370,7 +371,6 @@ CASES["control_bucket_bug_needs_small_buckets"] = doubles_later_buckets
 def inf_gradient_in_step_2():
     """One rank's loss turns inf in step 2 of 3: the engine skips that step on every split, and the check says so
     (a skipped step's update is zero, so the split fails against the reference)."""
-    import importlib
 
     import deepspeed.comm as dist
     format_results = importlib.import_module(gas_check.__name__ + ".check").format_results
@@ -391,7 +391,6 @@ def comparison_collectives():
     """How many collectives the comparison itself makes (the engine's own not counted): with the reference, one per
     split; without it, one per split and one more for each split compared with the first (are their initial
     weights the same object's?)."""
-    import importlib
     comparison = importlib.import_module(gas_check.__name__ + ".comparison")
     original, calls = comparison.sum_over_ranks, []
     comparison.sum_over_ranks = lambda values: calls.append(len(values)) or original(values)
@@ -502,6 +501,37 @@ def user_pipeline_transformer():
                  splits=((4, 1), (2, 2), (1, 4)),
                  steps=2)
 
+
+def sequence_parallel(size, loss="share"):
+    return importlib.import_module(gas_check.__name__ + ".sequence").SequenceParallel(size, loss)
+
+
+def mislabelled_sequence_parallel_loss():
+    """Negative control: every SP rank backpropagates the gathered loss while the engine is told each writes its share,
+    so the engine adds gradients it should average: every split's gradient is SP (2) times fp64's."""
+    sequence = importlib.import_module(gas_check.__name__ + ".sequence")
+
+    class Mislabelled(sequence.SequenceParallel):
+
+        def backpropagated(self, loss):
+            return sequence.SequenceParallel(self.size, "gathered").backpropagated(loss)
+
+    return check(zero(2, **NO_CLIP, **SGD), splits=SP_SPLITS, sequence=Mislabelled(2, "share"))
+
+
+# Ulysses sequence parallelism, 2 ranks per sequence (with 2 ranks: data parallel 1; with 4: 2), before the pipeline
+# cases. 0.19.8's ZeRO-3 reduce-scatter halves the share loss's gradient (upstream #5248).
+SP_SPLITS = ((8, 1), (4, 2))
+CASES["zero3_fp32_sp2_clip"] = lambda: check(zero(3, **CLIPPED_SGD), splits=SP_SPLITS, sequence=sequence_parallel(2))
+CASES["zero3_fp32_sp2_gathered_clip"] = lambda: check(
+    zero(3, **CLIPPED_SGD), splits=SP_SPLITS, sequence=sequence_parallel(2, "gathered"))
+CASES["zero1_bf16_sp2_gathered"] = lambda: check(
+    zero(1, **NO_CLIP, **SGD, **BF16), splits=SP_SPLITS, sequence=sequence_parallel(2, "gathered"))
+# Under sequence parallelism the engine reduces gradients in seq_parallel_communication_data_type.
+SP_COMM_BF16 = zero(2, seq_parallel_communication_data_type="bf16", **CLIPPED_SGD, **BF16)
+CASES["zero2_bf16_sp2_gathered_comm_bf16"] = lambda: check(
+    SP_COMM_BF16, splits=SP_SPLITS, sequence=sequence_parallel(2, "gathered"))
+CASES["control_sp2_gathered_loss_declared_as_share"] = mislabelled_sequence_parallel_loss
 
 # Last: the pipeline grid stays in deepspeed.utils.groups for the rest of the process.
 CASES["pipe2_fp32"] = lambda: check(dict(**NO_CLIP, **SGD), pipeline_stages=2)

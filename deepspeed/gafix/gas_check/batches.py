@@ -53,6 +53,11 @@ def rows(batch, start, stop):
     return _map(batch, lambda t: t[start:stop])
 
 
+def positions(batch, start, stop):
+    """Positions ``start:stop`` (dimension 1) of every tensor."""
+    return _map(batch, lambda t: t[:, start:stop].contiguous())
+
+
 def to(batch, device, float_dtype):
     """Move to ``device``; floating tensors become ``float_dtype`` (integer ids and masks stay as they are)."""
     return _map(batch, lambda t: t.to(device, float_dtype if t.is_floating_point() else t.dtype))

@@ -70,6 +70,7 @@ class Plan:
     grouped: bool  # without it, each split compared with its own micro-batches trained without accumulation
     small_buckets: str  # what --small-buckets set ("" without it)
     restart: object = None  # restart.Restart: this launch of ds_gas_check --restart saves, or resumes
+    sequence: object = None  # sequence.SequenceParallel: Ulysses sequence parallelism
 
     def training(self, index, micro, gas, **kwargs):
         return SplitTraining(self.config,
@@ -80,7 +81,14 @@ class Plan:
                              self.progress,
                              index,
                              restart=self.restart,
+                             sequence=self.sequence,
                              **kwargs)
+
+    @property
+    def data_world(self):
+        """Ranks that hold different samples: not the pipeline's stages or a sequence's other chunks."""
+        world = dist.get_world_size() // (self.workload.pipeline_stages or 1)
+        return self.sequence.data_world(world) if self.sequence else world
 
     @property
     def resumed_at(self):
@@ -213,7 +221,7 @@ def split_against_reference(plan, index, micro, gas, global_reference):
     # per_item: the mean over every item of the global batch (the whole batch as one micro-batch);
     # mean mode: the mean of the split's micro-batch means, DeepSpeed's contract.
     parts, reference_loss = ((1, item_mean(training.reference_loss)) if plan.per_item else
-                             (gas * dp_world, training.reference_loss))
+                             (gas * plan.data_world, training.reference_loss))
     expected = run(parts, reference_loss)
     if plan.per_item:
         global_reference = expected  # the gap of mean mode does not apply
@@ -325,12 +333,18 @@ def config_loss_scale(config):
     return fp16.get("loss_scale", 0) or 2.0**fp16.get("initial_scale_power", 16)
 
 
-def make_workload(config, make_model, splits, steps, pipeline_stages, data, loss_fn, items="fixed"):
+def make_workload(config, make_model, splits, steps, pipeline_stages, data, loss_fn, items="fixed", sequence=None):
     """The model factory, the global batches and the loss of a check; validates data against splits.
 
     ``items`` "variable": the built-in data with 0-12 labelled positions per sample (an item is one), its
-    loss a sum over items with their count in per_item mode, each micro-batch's item mean in mean mode."""
+    loss a sum over items with their count in per_item mode, each micro-batch's item mean in mean mode.
+    ``sequence`` (sequence.SequenceParallel): the built-in self-attention model and its sequences."""
     dp_world = dist.get_world_size() // (pipeline_stages or 1)
+    if sequence:
+        if make_model is not None or data is not None or items != "fixed":
+            raise ValueError("--sequence-parallel checks the built-in self-attention model on its own sequences: "
+                             "not with --model, --data or --items variable")
+        dp_world = sequence.data_world(dp_world)
     micro, gas = splits[0]
     global_size = micro * gas * dp_world
     per_item = per_item_mode(config)
@@ -345,7 +359,7 @@ def make_workload(config, make_model, splits, steps, pipeline_stages, data, loss
         batches = item_batches(steps, global_size)
         loss_fn = item_loss_sum if per_item else item_mean_loss
     elif data is None:
-        batches = global_batches(steps, global_size)
+        batches = sequence.batches(steps, global_size) if sequence else global_batches(steps, global_size)
         loss_fn = (sample_loss_sum if per_item else builtin_loss) if loss_fn is None else loss_fn
     else:
         batches = data(steps, global_size)
@@ -361,6 +375,8 @@ def make_workload(config, make_model, splits, steps, pipeline_stages, data, loss
                 layers=builtin_layers(), num_stages=pipeline_stages, loss_fn=loss_fn)
         if any(isinstance(batch, dict) for batch in batches):
             raise ValueError("the pipeline engine takes (inputs, labels) tuples, not dict batches")
+    if sequence:
+        make_model = sequence.make_model
     return Workload(make_model or builtin_model, batches, loss_fn, pipeline_stages, data is None and items == "fixed")
 
 
@@ -375,7 +391,8 @@ def check_gas_invariance(config,
                          reference="auto",
                          progress=None,
                          items="fixed",
-                         small_buckets=False):
+                         small_buckets=False,
+                         sequence=None):
     """Train ``config`` under each per-rank ``(micro, gas)`` split; return one SplitResult per split (run_check's
     results).
 
@@ -389,14 +406,26 @@ def check_gas_invariance(config,
     False (each split compared with its own micro-batches trained without accumulation; with the built-in data or
     per_item losses, with the first split), "auto" (False when REFERENCE_BYTES_PER_PARAMETER per parameter exceed
     REFERENCE_LIMIT_BYTES). ``loop``: the training loop's style (see ``SplitTraining``). ``small_buckets``: ZeRO's
-    bucket, prefetch and sub-group sizes scaled to the model, so that it spans several (buckets.py).
+    bucket, prefetch and sub-group sizes scaled to the model, so that it spans several (buckets.py). ``sequence``
+    (sequence.SequenceParallel): Ulysses sequence parallelism, each rank's rows standing for its chunk.
 
     Call on every rank of an initialized deepspeed.comm. Every split must cover the same per-rank
     batch (micro x gas), so that the global batch is the same.
     """
     return run_check(
-        make_plan(config, make_model, splits, steps, pipeline_stages, loop, data, loss_fn, reference, progress, items,
-                  small_buckets)).results
+        make_plan(config,
+                  make_model,
+                  splits,
+                  steps,
+                  pipeline_stages,
+                  loop,
+                  data,
+                  loss_fn,
+                  reference,
+                  progress,
+                  items,
+                  small_buckets,
+                  sequence=sequence)).results
 
 
 def run_check(plan):
@@ -418,7 +447,8 @@ def run_check(plan):
         results.append(result)
         gc.collect()  # this split's weights, before the next split trains
     note, accumulation_cause = bf16_accumulation_reading(plan.config, results)
-    diagnoses = diagnose(results, config_loss_scale(plan.config), plan.clip)
+    diagnoses = diagnose(results, config_loss_scale(plan.config), plan.clip,
+                         plan.sequence.size if plan.sequence else 1)
     results = [
         replace(result, diagnosis=lines + ([accumulation_cause] if accumulation_cause and not result.passed else []))
         for result, lines in zip(results, diagnoses)
@@ -438,18 +468,24 @@ def make_plan(config,
               progress,
               items,
               small_buckets,
-              restart=None):
+              restart=None,
+              sequence=None):
     """Validate the check's input and settle what its splits share. ``restart`` (restart.Restart): a launch of the
     restart check: the saving one trains the steps up to the save, the resuming one every step (it loads the rest)."""
     if len({micro * gas for micro, gas in splits}) != 1:
         raise ValueError(f"splits {splits}: micro-batch x GAS must be the same for all, to keep the global batch")
     if pipeline_stages and dist.get_world_size() % pipeline_stages:
         raise ValueError(f"{pipeline_stages} pipeline stages do not divide {dist.get_world_size()} ranks")
+    if sequence and pipeline_stages:
+        raise ValueError("--sequence-parallel and --pipeline-stages: the pipeline engine takes no sequence-parallel "
+                         "mpu")
+    if sequence and dist.get_world_size() % sequence.size:
+        raise ValueError(f"--sequence-parallel {sequence.size} does not divide {dist.get_world_size()} ranks")
     config = dict(config)
     config.setdefault("optimizer", {"type": "SGD", "params": {"lr": 0.1}})
     if config["optimizer"].get("type", "").lower() not in ("adam", "adamw"):
         config.setdefault("zero_allow_untested_optimizer", True)
-    workload = make_workload(config, make_model, splits, steps, pipeline_stages, data, loss_fn, items)
+    workload = make_workload(config, make_model, splits, steps, pipeline_stages, data, loss_fn, items, sequence)
     bucket_note = ""
     if small_buckets:
         config, bucket_note = with_small_buckets(config, _seeded(workload.make_model))
@@ -469,4 +505,4 @@ def make_plan(config,
     grouped = not reference and not per_item and not workload.uniform_items
     return Plan(config, workload, tuple(splits), loop, progress or quiet(), config_dtype(config),
                 config.get("gradient_clipping", GRADIENT_CLIPPING_DEFAULT), per_item, bool(reference), grouped,
-                bucket_note, restart)
+                bucket_note, restart, sequence)

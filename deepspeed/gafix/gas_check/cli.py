@@ -110,6 +110,19 @@ def parse_args(argv=None):
                         default=0,
                         help="check the pipeline engine: a built-in PipelineModule with this many stages, "
                         "trained with train_batch()")
+    parser.add_argument("--sequence-parallel",
+                        type=int,
+                        default=0,
+                        metavar="N",
+                        help="Ulysses sequence parallelism: N ranks share each sequence (the engine's mpu is "
+                        "parallel_state_sp); a built-in self-attention model runs DeepSpeed's DistributedAttention on "
+                        "each rank's chunk; --ranks divided by N are data-parallel")
+    parser.add_argument("--sequence-parallel-loss",
+                        default="share",
+                        choices=["share", "gathered"],
+                        help="how each sequence-parallel rank writes its loss: its chunk's share of the sample's "
+                        "(default), or the shares gathered over the group and summed, as the long-sequence (ALST) "
+                        "tutorial, the Hugging Face Trainer and accelerate do")
     parser.add_argument("--loop",
                         default="step_every_micro_batch",
                         choices=["step_every_micro_batch", "boundary", "step_once"],
@@ -287,6 +300,9 @@ def workload_factories(args):
                          "--hf-model (their loss decides the items)")
     if args.hf_model and args.pipeline_stages:
         raise ValueError("--hf-model and --pipeline-stages: a Hugging Face model is not a PipelineModule")
+    if args.sequence_parallel and (args.hf_model or args.model or args.data or args.pipeline_stages):
+        raise ValueError("--sequence-parallel checks the built-in self-attention model (Ulysses attention on each "
+                         "rank's chunk of the sequence): not with --hf-model, --model, --data or --pipeline-stages")
     if args.data and not args.model:
         raise ValueError("--data needs --model: the built-in MLP takes the built-in data only")
     if args.loss and not (args.data or args.hf_model):
@@ -299,7 +315,7 @@ def workload_factories(args):
     if args.model:
         make_model = load_factory(args.model, "--model")
     else:  # the built-in MLP (as a PipelineModule with --pipeline-stages: check.py builds that one)
-        make_model = None if args.pipeline_stages else builtin_model
+        make_model = None if args.pipeline_stages or args.sequence_parallel else builtin_model
     if not args.data:
         return make_model, None, None
     factory = load_factory(args.data, "--data")
@@ -328,6 +344,21 @@ def fixed_data_splits(data, steps, world, pipeline_stages):
     return default_splits(size // dp_world)
 
 
+def sequence_parallel(args):
+    """--sequence-parallel's SequenceParallel, or None; a degree that cannot split --ranks is refused here, before
+    any rank starts."""
+    if not args.sequence_parallel:
+        return None
+    from .sequence import SequenceParallel
+    sequence = SequenceParallel(args.sequence_parallel, args.sequence_parallel_loss)
+    world = int(os.environ["WORLD_SIZE"]) if under_launcher() else args.ranks
+    if world % sequence.size:
+        raise ValueError(f"--sequence-parallel {sequence.size} does not divide {world} ranks")
+    if args.restart is not None:
+        raise ValueError("--restart with --sequence-parallel: the restart check runs without sequence parallelism")
+    return sequence
+
+
 def main(argv=None):
     args = parse_args(argv)
     restarting = args.restart is not None and args.restart_phase is None
@@ -335,6 +366,7 @@ def main(argv=None):
         splits = parse_splits(args.splits) if args.splits else None
         config, notes = load_config(args.config, args.optimizer)
         make_model, data, loss_fn = workload_factories(args)
+        sequence = sequence_parallel(args)
         if args.plot:
             from .plot import pyplot
             pyplot()
@@ -387,7 +419,7 @@ def main(argv=None):
             progress = Progress(len(splits), enabled=rank0 and not args.quiet)
             check = run_check(
                 make_plan(config, make_model, splits, args.steps, args.pipeline_stages, args.loop, data, loss_fn,
-                          args.reference, progress, args.items, args.small_buckets, restart))
+                          args.reference, progress, args.items, args.small_buckets, restart, sequence))
         except (ValueError, DeepSpeedConfigError) as err:
             # Bad input, or a config the engine refuses only once it builds the model or the optimizer: every rank
             # raises the same; one line says it.
@@ -410,6 +442,7 @@ def main(argv=None):
                 f"ds_gas_check: deepspeed {deepspeed.__version__}, {dist.get_world_size()} rank(s), {args.config}: "
                 f"{what}ZeRO {zero}, {config_dtype(config)}, optimizer {config['optimizer'].get('type')}, "
                 f"{'pipeline %d stages, ' % args.pipeline_stages if args.pipeline_stages else ''}"
+                f"{sequence.title() + ', ' if sequence else ''}"
                 f"{'loss_normalization per_item, ' if config.get('loss_normalization') == 'per_item' else ''}"
                 f"{'variable items per sample, ' if args.items == 'variable' else ''}"
                 f"{len(results[0].norms)} steps" + (f", {restart_title(restart)}" if restart else ""))

@@ -21,6 +21,19 @@ def global_batches(steps, global_batch, seed=4321):
     return batches
 
 
+def sequence_batches(steps, global_batch, length, seed=4321):
+    """The built-in data under sequence parallelism: samples of ``length`` positions, each position its own target
+    (over a per-sample offset, as ``global_batches``)."""
+    gen = torch.Generator().manual_seed(seed)
+    batches = []
+    for _ in range(steps):
+        inputs = torch.randn(global_batch, length, IN_FEATURES, generator=gen)
+        offsets = torch.linspace(-2.0, 2.0, global_batch).view(-1, 1, 1)
+        targets = 3 * torch.randn(global_batch, length, OUT_FEATURES, generator=gen) + offsets
+        batches.append((inputs, targets))
+    return batches
+
+
 def loss_fn(outputs, targets):
     """Mean squared error in fp32 (outputs may be bf16/fp16): the mean over the micro-batch."""
     return torch.nn.functional.mse_loss(outputs.float(), targets.float())

@@ -26,32 +26,40 @@ MATCH = 0.03  # an observed factor within 3% of a cause's factor is taken as tha
 @dataclass(frozen=True)
 class Cause:
     mistake: str  # what the code did wrong
-    formula: str  # the factor in words, "{gas}", "{world}", "{scale}" filled in per split
-    factor: Callable  # (gas, world, loss_scale) -> the factor it puts on the update
+    formula: str  # the factor in words, "{gas}", "{world}", "{scale}", "{sp}" filled in per split
+    factor: Callable  # (gas, world, loss_scale, sequence parallel) -> the factor it puts on the update
 
 
 def _only_accumulating(factor):
     # A micro-batch dropped or counted twice needs accumulation: at GAS 1 nothing is wrong.
-    return lambda gas, world, scale: factor(gas) if gas > 1 else 1.0
+    return lambda gas, world, scale, sp: factor(gas) if gas > 1 else 1.0
 
 
 CAUSES = (
-    Cause("gradients summed over micro-batches, not averaged", "GAS ({gas})", lambda gas, world, scale: gas),
+    # Sequence parallelism: each rank backpropagates either its share of the samples' loss (the SP ranks' gradients
+    # must add up) or the loss gathered over them (they must be averaged); listed first, as the likelier reading
+    # where the world is one SP group.
+    Cause("the sequence-parallel ranks' gradients averaged where each rank's loss is its share (they must add up)",
+          "1/sequence parallel (1/{sp})", lambda gas, world, scale, sp: 1 / sp),
+    Cause(
+        "the sequence-parallel ranks' gradients added where each rank's loss is the gathered one (they must be "
+        "averaged)", "sequence parallel ({sp})", lambda gas, world, scale, sp: sp),
+    Cause("gradients summed over micro-batches, not averaged", "GAS ({gas})", lambda gas, world, scale, sp: gas),
     Cause("gradients divided by GAS twice, or only one micro-batch of GAS kept", "1/GAS (1/{gas})",
-          lambda gas, world, scale: 1 / gas),
+          lambda gas, world, scale, sp: 1 / gas),
     Cause("gradients summed over data-parallel ranks, not averaged", "world size ({world})",
-          lambda gas, world, scale: world),
+          lambda gas, world, scale, sp: world),
     Cause("gradients divided by the world size twice, or only one rank's kept", "1/world size (1/{world})",
-          lambda gas, world, scale: 1 / world),
+          lambda gas, world, scale, sp: 1 / world),
     Cause("gradients summed over micro-batches and ranks", "GAS x world size ({gas} x {world})",
-          lambda gas, world, scale: gas * world),
+          lambda gas, world, scale, sp: gas * world),
     Cause("gradients divided by GAS x world size once too often", "1/(GAS x world size)",
-          lambda gas, world, scale: 1 / gas / world),
+          lambda gas, world, scale, sp: 1 / gas / world),
     Cause("one micro-batch dropped from the average", "(GAS-1)/GAS", _only_accumulating(lambda gas: (gas - 1) / gas)),
     Cause("one micro-batch counted twice", "(GAS+1)/GAS", _only_accumulating(lambda gas: (gas + 1) / gas)),
-    Cause("the gradients never unscaled", "loss scale ({scale:g})", lambda gas, world, scale: scale),
+    Cause("the gradients never unscaled", "loss scale ({scale:g})", lambda gas, world, scale, sp: scale),
     Cause("the loss never scaled, yet the gradients divided by the loss scale", "1/loss scale (1/{scale:g})",
-          lambda gas, world, scale: 1 / scale),
+          lambda gas, world, scale, sp: 1 / scale),
 )
 
 
@@ -63,6 +71,7 @@ class Observation:
     dot: float  # <observed, expected>
     expected_sq: float  # <expected, expected>
     observed_sq: float  # <observed, observed>
+    sp: int = 1  # ranks per sequence-parallel group
 
     @property
     def factor(self):
@@ -80,7 +89,7 @@ def cause_fits(cause, observations, tolerance, loss_scale):
     """True when ``cause`` explains the factor and leaves a residual within ``tolerance`` on every split."""
     if loss_scale is None and "{scale" in cause.formula:
         return False
-    predicted = [cause.factor(o.gas, o.world, loss_scale or 1.0) for o in observations]
+    predicted = [cause.factor(o.gas, o.world, loss_scale or 1.0, o.sp) for o in observations]
     if all(abs(p - 1) <= MATCH for p in predicted):
         return False  # a factor of 1 on every split explains nothing
     return all(abs(o.factor / p - 1) <= MATCH and o.residual(p) <= tolerance for o, p in zip(observations, predicted))
@@ -94,7 +103,10 @@ def explain(observations, tolerance, loss_scale=None):
 
 
 def describe(cause, observation, loss_scale=None):
-    formula = cause.formula.format(gas=observation.gas, world=observation.world, scale=loss_scale or 1.0)
+    formula = cause.formula.format(gas=observation.gas,
+                                   world=observation.world,
+                                   scale=loss_scale or 1.0,
+                                   sp=observation.sp)
     return f"{cause.mistake}: update x{observation.factor:.4g} = {formula}, as on every split"
 
 
@@ -103,17 +115,17 @@ def no_known_cause(observations):
     return f"no known cause: the step-1 update factors do not fit one mistake on every split ({numbers})"
 
 
-def diagnose(results, loss_scale, clip):
+def diagnose(results, loss_scale, clip, sp=1):
     """Per split, the lines of its diagnosis (none for a split that passed or is unresolved): a cause only when it
-    explains every split."""
+    explains every split. ``sp``: ranks per sequence-parallel group."""
     diagnoses = [[] for _ in results]
     if all(r.passed for r in results):
         return diagnoses
     tol = max(r.tolerance for r in results)
-    updates = [Observation(r.gas, r.world, *r.update_sums) for r in results]
+    updates = [Observation(r.gas, r.world, *r.update_sums, sp=sp) for r in results]
     update_causes = explain(updates, tol, loss_scale)
     norms_reported = not any(math.isnan(r.norm_factor) for r in results)
-    norms = [Observation(r.gas, r.world, r.norm_factor, 1.0, r.norm_factor**2) for r in results]
+    norms = [Observation(r.gas, r.world, r.norm_factor, 1.0, r.norm_factor**2, sp=sp) for r in results]
     norm_causes = explain(norms, tol, loss_scale) if norms_reported else []
     update_wrong = not all(r.updates_ok for r in results)
     norm_wrong = norms_reported and any(r.norm_error > r.tolerance for r in results)

@@ -4,6 +4,7 @@
 """Models to check with: a small built-in MLP, or the user's factory ``module:function``."""
 
 import importlib
+import math
 import os
 import sys
 
@@ -25,6 +26,45 @@ def builtin_layers():
 
 def builtin_model():
     return torch.nn.Sequential(*builtin_layers())
+
+
+def attention(query, key, value, *args, **kwargs):
+    """Softmax attention over every position, on ``[batch, sequence, heads, head size]``."""
+    scores = torch.einsum("bshd,bthd->bhst", query, key) / math.sqrt(query.shape[-1])
+    return torch.einsum("bhst,bthd->bshd", scores.softmax(dim=-1), value)
+
+
+class UlyssesModel(torch.nn.Module):
+    """The built-in model under sequence parallelism: ``[batch, sequence, IN_FEATURES]`` to ``[batch, sequence,
+    OUT_FEATURES]`` through one self-attention layer. With ``sequence_group`` set (the engine's copy), each rank holds
+    its chunk of the sequence and the attention is DeepSpeed's Ulysses ``DistributedAttention``: an all-to-all gives
+    each rank every position of its heads, and another gives back its chunk of every head; without it (the fp64
+    reference), the same attention over the whole sequence."""
+
+    def __init__(self, heads):
+        super().__init__()
+        self.heads = heads
+        self.embed = torch.nn.Linear(IN_FEATURES, HIDDEN)
+        self.qkv = torch.nn.Linear(HIDDEN, 3 * HIDDEN)
+        self.proj = torch.nn.Linear(HIDDEN, HIDDEN)
+        self.out = torch.nn.Linear(HIDDEN, OUT_FEATURES)
+        self.sequence_group = None
+
+    def forward(self, x):
+        batch, length, _ = x.shape
+        hidden = self.embed(x)
+        qkv = self.qkv(torch.tanh(hidden)).view(batch, length, 3, self.heads, HIDDEN // self.heads)
+        query, key, value = (t.contiguous() for t in qkv.unbind(dim=2))
+        if self.sequence_group is None:
+            mixed = attention(query, key, value)
+        else:
+            from deepspeed.sequence.layer import DistributedAttention
+            mixed = DistributedAttention(attention, self.sequence_group, scatter_idx=2, gather_idx=1)(query,
+                                                                                                      key,
+                                                                                                      value,
+                                                                                                      batch_dim_idx=0)
+        hidden = hidden + self.proj(mixed.reshape(batch, length, HIDDEN))
+        return self.out(torch.tanh(hidden))
 
 
 def load_factory(spec, option="--model"):

@@ -96,17 +96,26 @@ class SplitTraining:
             self.reference_loss = workload.loss_fn
         if grouped and stages:
             model.loss_fn = _grouped_loss(model.loss_fn, micro, gas)
+        mpu = None
+        if sequence:  # after the reference's copy: that one attends over whole sequences
+            mpu = sequence.mpu()
+            sequence.attach(model)
         # The engine only: the optimizer and the rest it returns would outlive it in this object.
         self.engine = deepspeed.initialize(model=model,
                                            model_parameters=[p for p in model.parameters() if p.requires_grad],
                                            config=split_config(config, self.engine_micro, self.engine_gas),
-                                           mpu=sequence.mpu() if sequence else None)[0]
+                                           mpu=mpu)[0]
         if config.get("compile", {}).get("deepcompile"):
             # DeepCompile replaces the engine's gradient hooks only once the engine is compiled, as a training
             # script with this config compiles it: checked without, the config's own path would go untested.
             self.engine.compile()
         self.dp_rank = self.engine.grid.get_data_parallel_id() if stages else dist.get_rank()
         self.dp_world = dist.get_world_size() // (stages or 1)
+        # Under sequence parallelism ZeRO partitions over every rank, but the ranks of a sequence-parallel group
+        # hold chunks of the same samples.
+        self.data_rank, self.data_world = ((sequence.data_rank(dist.get_rank()),
+                                            sequence.data_world(self.dp_world)) if sequence else
+                                           (self.dp_rank, self.dp_world))
         initial = owned_masters(self.engine, self.dp_rank, self.dp_world)
         self.spans = spans(initial)
         check_coverage(self.spans, trainable)
@@ -173,7 +182,9 @@ class SplitTraining:
         per_rank = self.micro * self.gas
         dtype = next(engine.module.parameters()).dtype
         device = get_accelerator().current_device_name()
-        local = rows(batch, self.dp_rank * per_rank, (self.dp_rank + 1) * per_rank)
+        local = rows(batch, self.data_rank * per_rank, (self.data_rank + 1) * per_rank)
+        if self.sequence:
+            local = self.sequence.chunk(local)
         micro_batches = [
             to(rows(local, i * self.engine_micro, (i + 1) * self.engine_micro), device, dtype)
             for i in range(self.engine_gas)
