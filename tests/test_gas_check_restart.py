@@ -6,6 +6,7 @@ step by step against the fp64 reference of the run that never stopped; its contr
 optimizer states) and the refusals of what it cannot check."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -46,16 +47,24 @@ def write_config(tmp_path, **config):
     return str(path)
 
 
+def restart_check(tmp_path, extensions_dir, config, args, returncode):
+    """``ds_gas_check --config <config> <args> --json``: the finished process (its exit status ``returncode``) and
+    its JSON results."""
+    results = tmp_path / "results.json"
+    proc = ds_gas_check(["--config", write_config(tmp_path, **config), *args, "--json",
+                         str(results)], extensions_dir, tmp_path)
+    assert proc.returncode == returncode, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return proc, json.loads(results.read_text())
+
+
 def test_resumes_on_fewer_ranks_as_the_run_that_never_stopped(tmp_path, extensions_dir):
     """2 ranks (8 x 2) save after step 2; 1 rank (8 x 4) loads it and trains steps 3 and 4."""
-    config = write_config(tmp_path, **ADAMW_WARMUP_CLIP, **RESHARD)
-    results = tmp_path / "results.json"
-    proc = ds_gas_check(["--config", config, "--ranks", "2", "--restart", "1", "--steps", "4", "--json",
-                         str(results)], extensions_dir, tmp_path)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    proc, found = restart_check(tmp_path, extensions_dir, {
+        **ADAMW_WARMUP_CLIP,
+        **RESHARD
+    }, ["--ranks", "2", "--restart", "1", "--steps", "4"], 0)
     assert "resumed after step 2 from the checkpoint split 8 x 2 x 2 saved" in proc.stdout
     assert "update error step 3 | step 4" in proc.stdout
-    found = json.loads(results.read_text())
     (saved, ), (resumed, ) = found["saved"], found["resumed"]
     assert (saved["name"], saved["passed"], len(saved["update_errors"])) == ("8 x 2 x 2", True, 2)
     assert (resumed["name"], resumed["passed"], resumed["first_step"]) == ("8 x 4 x 1", True, 3)
@@ -68,16 +77,12 @@ def test_resumes_on_fewer_ranks_as_the_run_that_never_stopped(tmp_path, extensio
 
 def test_control_a_resume_without_optimizer_states_fails(tmp_path, extensions_dir):
     """The weights load right and the first step after them does not: the check fails that step."""
-    config = write_config(tmp_path, **ADAMW_WARMUP_CLIP)
-    results = tmp_path / "results.json"
-    proc = ds_gas_check([
-        "--config", config, "--model", "helpers.lossy_resume:make_model", "--restart", "1", "--steps", "3",
-        "--restart-after", "2", "--checkpoint-dir",
-        str(tmp_path / "ckpt"), "--json",
-        str(results)
-    ], extensions_dir, tmp_path)
-    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
-    resumed = json.loads(results.read_text())["resumed"][0]
+    _, found = restart_check(tmp_path, extensions_dir, ADAMW_WARMUP_CLIP, [
+        "--model", "helpers.lossy_resume:make_model", "--restart", "1", "--steps", "3", "--restart-after", "2",
+        "--checkpoint-dir",
+        str(tmp_path / "ckpt")
+    ], 1)
+    resumed = found["resumed"][0]
     assert resumed["verdict"] == "FAIL"
     assert resumed["restored_error"] <= resumed["tolerance"]
     assert resumed["update_errors"][0] > 100 * resumed["tolerance"], resumed
@@ -86,14 +91,10 @@ def test_control_a_resume_without_optimizer_states_fails(tmp_path, extensions_di
 
 @pytest.mark.slow
 def test_another_number_of_ranks_without_reshard_on_load_is_the_engine_refusing(tmp_path, extensions_dir):
-    config = write_config(tmp_path, **ADAMW_WARMUP_CLIP)
-    results = tmp_path / "results.json"
-    proc = ds_gas_check(["--config", config, "--ranks", "2", "--restart", "1", "--steps", "2", "--json",
-                         str(results)], extensions_dir, tmp_path)
-    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    proc, found = restart_check(tmp_path, extensions_dir, ADAMW_WARMUP_CLIP,
+                                ["--ranks", "2", "--restart", "1", "--steps", "2"], 1)
     assert "ds_gas_check --restart: FAIL: the engine could not resume from" in proc.stderr
     assert "reshard_on_load" in proc.stderr
-    found = json.loads(results.read_text())
     assert found["saved"][0]["passed"] and "reshard_on_load" in found["resumed"]["error"], found
 
 
@@ -130,3 +131,29 @@ def test_not_under_a_launcher(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     assert main(["--config", write_config(tmp_path), "--restart", "1"]) == 2
     assert "--restart launches its two runs itself" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("statuses, saved, resumed", [
+    ([2], "the save launch exited 2 before writing its results", "not run: the run before the restart did not pass "
+     "(exit 2)"),
+    ([0, 1], None, "the resume launch exited 1 before writing its results"),
+])
+def test_json_says_why_a_launch_has_no_results(tmp_path, statuses, saved, resumed):
+    # No launch: each stands in with its exit status; the save's results exist when it exited 0.
+    from argparse import Namespace
+    from deepspeed.gafix.gas_check.restart import RestartPlan, run_both
+    plan = RestartPlan(ranks_before=2, before=(8, 2), ranks_after=1, after=(8, 4), step=2)
+    results = tmp_path / "results.json"
+    exits = iter(statuses)
+
+    def launch(argv, ranks):
+        status = next(exits)
+        if status == 0:
+            Path(argv[argv.index("--json") + 1]).write_text(json.dumps([{"passed": True}]))
+        return status
+
+    args = Namespace(checkpoint_dir=None, json=str(results))
+    assert run_both(args, [], plan, launch) == max(statuses)
+    found = json.loads(results.read_text())
+    assert found["saved"] == [{"passed": True}] if saved is None else saved in found["saved"]["error"], found
+    assert resumed in found["resumed"]["error"], found

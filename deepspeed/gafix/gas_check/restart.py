@@ -126,21 +126,32 @@ def run_both(args, argv, plan, launch):
                 "restart is not checked",
                 flush=True)
         if args.json:
-            # A launch that stopped before its results (bad input, a crash) wrote none: null.
-            merged = {}
-            for phase, path in outputs.items():
-                key = "saved" if phase == "save" else "resumed"
-                merged[key] = None
-                if os.path.isfile(path):
-                    with open(path) as f:
-                        merged[key] = json.load(f)
             with open(args.json, "w") as f:
-                json.dump(merged, f, indent=1)
+                json.dump(_merged_results(outputs, statuses), f, indent=1)
     finally:
         if not args.checkpoint_dir:
             shutil.rmtree(directory, ignore_errors=True)
     unknown = [status for status in statuses if status not in SEVERITY]
     return unknown[0] if unknown else max(statuses, key=SEVERITY.index)
+
+
+def _merged_results(outputs, statuses):
+    """Both launches' results for --json: each launch's own, or why there are none (``{"error": ...}``)."""
+    merged = {}
+    for (phase, path), key in zip((("save", outputs.get("save")), ("resume", outputs.get("resume"))),
+                                  ("saved", "resumed")):
+        if path is None:  # not launched: the run before the restart did not pass
+            merged[key] = {"error": f"not run: the run before the restart did not pass (exit {statuses[0]})"}
+        elif os.path.isfile(path):
+            with open(path) as f:
+                merged[key] = json.load(f)
+        else:  # stopped before its results: bad input, or a crash its output shows
+            status = statuses[len(merged)]
+            merged[key] = {
+                "error": f"the {phase} launch exited {status} before writing its results (its output "
+                "above says why)"
+            }
+    return merged
 
 
 def title(restart):
