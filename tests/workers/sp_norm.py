@@ -37,6 +37,12 @@ import deepspeed.comm as dist  # noqa: E402
 from helpers.collectives import train_step_counting_collectives  # noqa: E402
 from helpers.engine_paths import relative_update_error  # noqa: E402
 from helpers.rank_cases import run_cases  # noqa: E402
+
+try:  # ALST's gathered loss, as the checker writes it (0.19.8: the checker loaded from this repository)
+    from deepspeed.gafix.gas_check.sequence import GatherSummingGradients
+except ImportError:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "deepspeed" / "gafix"))
+    from gas_check.sequence import GatherSummingGradients  # noqa: E402
 from helpers.small_model import (
     SAMPLE_ITEMS,
     global_batch,
@@ -80,27 +86,6 @@ PER_ITEM = "_per_item"
 # ALST's loss (path + ALST): the shares gathered over the SP group and summed, on every SP rank.
 ALST = "_alst"
 ITEMS = SAMPLE_ITEMS[:GLOBAL_BATCH]
-
-
-class GatherSummingGradients(torch.autograd.Function):
-    """``torch.distributed.nn.functional.all_gather`` of a 0-dim loss, as ALST's recipe calls it: forward
-    gathers every rank's value, backward gives each rank its slot's gradient summed over the group. Written
-    on deepspeed.comm because torch's fails on a gloo subgroup ("Global rank 0 is not part of group") when
-    SP < world size; at SP = world size the two give the same numbers (the series' upstream-style test
-    tests/unit/sequence_parallelism/test_sp_gradient_reduction.py calls torch's)."""
-
-    @staticmethod
-    def forward(ctx, value, group):
-        ctx.group = group
-        gathered = [torch.zeros_like(value) for _ in range(dist.get_world_size(group=group))]
-        dist.all_gather(gathered, value.contiguous(), group=group)
-        return torch.stack(gathered)
-
-    @staticmethod
-    def backward(ctx, grad):
-        grad = grad.clone()
-        dist.all_reduce(grad, group=ctx.group)
-        return grad[dist.get_rank(group=ctx.group)], None
 
 
 def sequence_parallel_groups(sp):

@@ -407,25 +407,15 @@ def check_gas_invariance(config,
     per_item losses, with the first split), "auto" (False when REFERENCE_BYTES_PER_PARAMETER per parameter exceed
     REFERENCE_LIMIT_BYTES). ``loop``: the training loop's style (see ``SplitTraining``). ``small_buckets``: ZeRO's
     bucket, prefetch and sub-group sizes scaled to the model, so that it spans several (buckets.py). ``sequence``
-    (sequence.SequenceParallel): Ulysses sequence parallelism, each rank's rows standing for its chunk.
+    (sequence.SequenceParallel): Ulysses sequence parallelism on the built-in self-attention model.
 
     Call on every rank of an initialized deepspeed.comm. Every split must cover the same per-rank
     batch (micro x gas), so that the global batch is the same.
     """
-    return run_check(
-        make_plan(config,
-                  make_model,
-                  splits,
-                  steps,
-                  pipeline_stages,
-                  loop,
-                  data,
-                  loss_fn,
-                  reference,
-                  progress,
-                  items,
-                  small_buckets,
-                  sequence=sequence)).results
+    restart = None  # the restart check runs through ds_gas_check --restart
+    plan = make_plan(config, make_model, splits, steps, pipeline_stages, loop, data, loss_fn, reference, progress,
+                     items, small_buckets, restart, sequence)
+    return run_check(plan).results
 
 
 def run_check(plan):
