@@ -44,7 +44,7 @@ def crash_resume():
 
 
 def upstream_full():
-    report = load("upstream_suite/full/report.json")
+    report = load(f"{UPSTREAM_FULL_RECORD}/report.json")
     sides, cats, who = report["sides"], report["categories"], report["identity"]
     return (f"{sides['fork']['run']} tests per side, fork {who['fork_version']} vs pristine {who['pristine_version']} "
             f"(torch {who['torch']}): {cats['regression']} regressions, {cats['fixed']} fixed, "
@@ -93,6 +93,8 @@ def optimizers():
 
 # The dated records the index reads: each page beside the results file of the same stem.
 GPU_RECORD = "gpu_check/2026-11-27"
+# The newest complete run of upstream's full tier (the 0.19.8+gafix.4 candidate).
+UPSTREAM_FULL_RECORD = "upstream_suite/full-gafix.4-rc2"
 CUDA_BUILD_RECORD = "cuda_build/2026-11-25"
 
 
