@@ -78,7 +78,7 @@ class SequenceParallel:
         return sequence_batches(steps, global_batch, self.length)
 
     def data_world(self, world):
-        """Ranks that hold different samples (their groups' first ranks, ...)."""
+        """Ranks that hold different samples: one per sequence-parallel group."""
         return world // self.size
 
     def data_rank(self, rank):
@@ -115,7 +115,7 @@ class SequenceParallel:
         return parallel_state_sp
 
     def backpropagated(self, loss):
-        """What this rank backpropagates for ``loss``, the mean over its rows of the micro-batch."""
+        """What this rank backpropagates for ``loss``, its chunk's mean loss over the micro-batch."""
         share = loss / self.size
         if self.loss == "share":
             return share
