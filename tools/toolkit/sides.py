@@ -48,6 +48,7 @@ def pristine_venv(version=None, like=None):
         print(f"building {venv} (deepspeed {version}, torch {torch_version}, Python {python_version}); log: {log}",
               file=sys.stderr)
         shutil.rmtree(venv, ignore_errors=True)
+        venv.parent.mkdir(parents=True, exist_ok=True)  # the log beside it (DS_GAFIX_VENV_DIR may be new)
         env = clean_environ()
         # The public version from the registry; its local label (+cpu, +cu130) must come out the same.
         public = torch_version.split("+")[0]
