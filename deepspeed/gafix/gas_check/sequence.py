@@ -101,9 +101,6 @@ class SequenceParallel:
         """``parallel_state_sp`` with this process's groups (made once), told how the loss is written where the
         engine asks (0.19.8 has no such declaration: it assumes one recipe)."""
         from deepspeed.runtime.sequence_parallel import parallel_state_sp
-        world = dist.get_world_size()
-        if world % self.size:
-            raise ValueError(f"--sequence-parallel {self.size} does not divide {world} ranks")
         group = parallel_state_sp._SEQUENCE_PARALLEL_GROUP
         if group is None:
             parallel_state_sp.initialize_sequence_parallel(self.size)

@@ -113,9 +113,7 @@ class SplitTraining:
         self.dp_world = dist.get_world_size() // (stages or 1)
         # Under sequence parallelism ZeRO partitions over every rank, but the ranks of a sequence-parallel group
         # hold chunks of the same samples.
-        self.data_rank, self.data_world = ((sequence.data_rank(dist.get_rank()),
-                                            sequence.data_world(self.dp_world)) if sequence else
-                                           (self.dp_rank, self.dp_world))
+        self.data_rank = sequence.data_rank(dist.get_rank()) if sequence else self.dp_rank
         initial = owned_masters(self.engine, self.dp_rank, self.dp_world)
         self.spans = spans(initial)
         check_coverage(self.spans, trainable)
