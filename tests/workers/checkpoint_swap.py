@@ -35,6 +35,9 @@ GLOBAL = 8  # samples per step: 2 ranks x GAS 2, 1 rank x GAS 4, 4 ranks x GAS 1
 TAG = "swap"
 # torch's Adam: no JIT build of FusedAdam / DeepSpeedCPUAdam on either install.
 ADAM = {"type": "Adam", "params": {"lr": 1e-2, "weight_decay": 0.01, "torch_adam": True}}
+# DeepSpeed's Muon: momentum and Newton-Schulz on the matrices (momentum_buffer), Adam on the biases (exp_avg,
+# exp_avg_sq): one checkpoint holds both kinds of state, one param group each.
+MUON = {"type": "Muon", "params": {"lr": 1e-2, "momentum": 0.9, "weight_decay": 0.01}}
 WARMUP = {"type": "WarmupLR", "params": {"warmup_min_lr": 0.0, "warmup_max_lr": 1e-2, "warmup_num_steps": 10}}
 # Dynamic loss scale with a short window: the scale grows inside the run, so its state (scale,
 # counters since the last overflow) must cross the checkpoint. Initial scale 2^20 overflows once.
@@ -135,6 +138,28 @@ CONFIGS = {
         "zero_force_ds_cpu_optimizer": False,
         "gradient_clipping": 0.5,
     },
+    "zero1_muon_clip": {
+        "zero_optimization": {
+            "stage": 1
+        },
+        "optimizer": MUON,
+        "gradient_clipping": 0.5,
+    },
+    "zero2_muon_clip": {
+        "zero_optimization": {
+            "stage": 2
+        },
+        "optimizer": MUON,
+        "gradient_clipping": 0.5,
+    },
+    "zero3_muon_clip": {
+        "zero_optimization": {
+            "stage": 3,
+            "reduce_scatter": False  # ZeRO-3 refuses Muon with reduce-scatter
+        },
+        "optimizer": MUON,
+        "gradient_clipping": 0.5,
+    },
 }
 PIPELINE = "pipe2_zero1_fp32_clip"  # 2 stages x 1 data-parallel rank
 UNIVERSAL = ("zero1_fp32_clip", "zero2_fp32_clip")  # converted with ds_to_universal by the test
@@ -183,6 +208,8 @@ def build(case, seed, load_universal=False, reshard=False):
         model = PipelineModule(layers=make_layers(seed), num_stages=2, loss_fn=mse, partition_method="uniform")
     else:
         model = torch.nn.Sequential(*make_layers(seed))
+    for param in model.parameters():
+        param.use_muon = param.ndim >= 2  # read by Muon only: the matrices take Muon's update, the biases Adam's
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
     return engine
 
