@@ -197,8 +197,8 @@ REPORTS = [
      "python -m pytest tests/test_crash_resume.py --run-slow", crash_resume),
     ("resume.md", "Resuming on another number of ranks", "python -m pytest tests/test_resume_world_size.py --run-slow",
      "page: with checkpoint.reshard_on_load the resumed run continues the writer's (2 -> 1, 1 -> 2, 2 -> 4, 4 -> 2 "
-     "ranks, ZeRO 1-3; the HF Trainer and accelerate's load_state 2 -> 1; ds_gas_check --restart against fp64, "
-     "Muon's checkpoints fail to reshard); 0.19.8 refuses every move"),
+     "ranks, ZeRO 1-3, Muon included; the HF Trainer and accelerate's load_state 2 -> 1; ds_gas_check --restart "
+     "against fp64); 0.19.8 refuses every move"),
 ]
 
 
