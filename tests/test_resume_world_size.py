@@ -27,9 +27,14 @@ WORKER = Path(__file__).parent / "workers" / "checkpoint_swap.py"
 CONFIGS = [
     "zero1_fp32_clip", "zero2_fp32_clip", "zero3_fp32_clip", "zero1_bf16_clip", "zero2_fp16_dynamic_scale_clip",
     "zero3_fp16_dynamic_scale", "zero1_fp16_stepping_clip", "zero2_fp16_stepping_clip", "zero3_fp16_stepping",
-    "zero2_offload_fp32_clip", "zero3_offload_fp32_clip", "zero1_muon_clip", "zero2_muon_clip", "zero3_muon_clip"
+    "zero2_offload_fp32_clip", "zero3_offload_fp32_clip", "zero1_muon_clip", "zero2_muon_clip",
+    "zero2_offload_muon_clip", "zero3_muon_clip"
 ]
 MOVES = [(2, 1), (1, 2), (2, 4), (4, 2)]
+# The 2-stage pipeline keeps its 2 stages (1 data-parallel replica on 2 ranks, 2 on 4), and the MoE layer its expert
+# parallel degree 2 (1 replica of each expert on 2 ranks, 2 on 4).
+PIPELINE, MOE = "pipe2_zero1_fp32_clip", "moe2_zero2_fp32_clip"
+KEPT_DEGREE_MOVES = [(2, 4), (4, 2)]
 # CI's cases (its 30 minutes: two launches): ZeRO-3 from 2 ranks to 1, and ZeRO-1 Muon (its momentum kept whole per
 # matrix, one matrix split between the ranks); --run-slow adds the other moves, ZeRO-1/2, bf16, fp16's loss scaler,
 # offload and Muon on ZeRO-2/3.
@@ -41,11 +46,21 @@ FP32_REORDERED = 1e-6
 # 2.3e-4 (ZeRO-1) from the writer. A momentum lost on load is 1.6e-2 away (norm, 2 -> 2 ranks, 2 steps).
 MUON_NEWTON_SCHULZ = TOLERANCE["fp16"]
 
+# DeepSpeed's own MoE layer with expert parallelism: every expert-parallel rank names its experts alike
+# (deepspeed_experts.0), and ds_to_universal merges different experts' states under that one name: the conversion
+# fails on a shape (the load raises on every rank, naming it).
+NO_NATIVE_MOE = pytest.mark.xfail(strict=True,
+                                  reason="ds_to_universal: DeepSpeed MoE's expert-parallel experts share their names, "
+                                  "and their states are merged as one parameter's")
+
 
 def case_params():
-    for config in CONFIGS:
-        for writer, reader in MOVES:
+    for config, moves in [(config, MOVES) for config in CONFIGS] + [(MOE, KEPT_DEGREE_MOVES),
+                                                                    (PIPELINE, KEPT_DEGREE_MOVES)]:
+        for writer, reader in moves:
             marks = [] if (config, writer, reader) in CI_CASES else [pytest.mark.slow]
+            if config == MOE:
+                marks.append(NO_NATIVE_MOE)
             yield pytest.param(config, writer, reader, marks=marks, id=f"{config}-{writer}to{reader}")
 
 
@@ -55,7 +70,7 @@ def resumed(tmp_path_factory, extensions_dir, request):
     per world size that writes, then one per world size that reads what it has not read yet."""
     root = tmp_path_factory.mktemp("resume-world-size")
     cases = [(spec["config"], spec["writer"], spec["reader"]) for spec in selected_callspecs(request, "resumed")]
-    configs = sorted({config for config, _, _ in cases}, key=CONFIGS.index)
+    configs = sorted({config for config, _, _ in cases}, key=(CONFIGS + [MOE, PIPELINE]).index)
     writers = sorted({writer for _, writer, _ in cases})
     readers = {reader: sorted({writer for _, writer, r in cases if r == reader}) for _, _, reader in cases}
     saved, read, launches = set(), {}, {}
@@ -92,9 +107,20 @@ def resumed(tmp_path_factory, extensions_dir, request):
 
 
 def one_model(ranks, config):
-    """The weights every data-parallel rank reports (they must agree)."""
-    assert all(rank["weights"] == ranks[0]["weights"] for rank in ranks), f"{config}: the ranks disagree"
-    return torch.tensor(ranks[0]["weights"], dtype=torch.float64)
+    """The weights every data-parallel rank reports (they must agree). A pipeline's stages each report their own
+    layers (stage s on ranks s x replicas .. (s + 1) x replicas - 1); with MoE, rank r reports expert r % 2 beside
+    the dense layers."""
+    if config == PIPELINE:
+        holders = [ranks[:len(ranks) // 2], ranks[len(ranks) // 2:]]
+    elif config == MOE:
+        holders = [ranks[0::2], ranks[1::2]]
+    else:
+        holders = [ranks]
+    weights = []
+    for replicas in holders:
+        assert all(rank["weights"] == replicas[0]["weights"] for rank in replicas), f"{config}: the replicas disagree"
+        weights += replicas[0]["weights"]
+    return torch.tensor(weights, dtype=torch.float64)
 
 
 @pytest.mark.parametrize("config, writer, reader", case_params())

@@ -152,6 +152,17 @@ CONFIGS = {
         "optimizer": MUON,
         "gradient_clipping": 0.5,
     },
+    "zero2_offload_muon_clip": {
+        "zero_optimization": {
+            "stage": 2,
+            "offload_optimizer": {
+                "device": "cpu"
+            }
+        },
+        "optimizer": MUON,
+        "zero_force_ds_cpu_optimizer": False,
+        "gradient_clipping": 0.5,
+    },
     "zero3_muon_clip": {
         "zero_optimization": {
             "stage": 3,
@@ -161,7 +172,10 @@ CONFIGS = {
         "gradient_clipping": 0.5,
     },
 }
-PIPELINE = "pipe2_zero1_fp32_clip"  # 2 stages x 1 data-parallel rank
+PIPELINE = "pipe2_zero1_fp32_clip"  # 2 stages x (world size / 2) data-parallel ranks
+# One MoE layer of 2 experts, expert parallel 2: rank r holds expert r % 2 (tests/helpers/moe_model.py).
+MOE = "moe2_zero2_fp32_clip"
+MOE_CONFIG = {"zero_optimization": {"stage": 2}, "gradient_clipping": 0.5}
 UNIVERSAL = ("zero1_fp32_clip", "zero2_fp32_clip")  # converted with ds_to_universal by the test
 
 
@@ -170,7 +184,12 @@ def data_parallel_size(case):
 
 
 def config(case):
-    extra = CONFIGS.get(case, {"zero_optimization": {"stage": 1}, "gradient_clipping": 0.5})
+    extra = CONFIGS.get(case, MOE_CONFIG if case == MOE else {
+        "zero_optimization": {
+            "stage": 1
+        },
+        "gradient_clipping": 0.5
+    })
     return dict(
         {
             "train_micro_batch_size_per_gpu": MICRO,
@@ -203,14 +222,23 @@ def build(case, seed, load_universal=False, reshard=False):
         cfg["checkpoint"] = {"load_universal": True}
     if reshard:
         cfg["checkpoint"] = {"reshard_on_load": True}
+    parameters = None
     if case == PIPELINE:
         from deepspeed.pipe import PipelineModule
         model = PipelineModule(layers=make_layers(seed), num_stages=2, loss_fn=mse, partition_method="uniform")
+    elif case == MOE:
+        from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
+        from helpers.moe_model import MoENet
+        model = MoENet(ep_size=2, seed=seed)
+        parameters = split_params_into_different_moe_groups_for_optimizer({
+            "params": list(model.parameters()),
+            "name": "dense"
+        })
     else:
         model = torch.nn.Sequential(*make_layers(seed))
     for param in model.parameters():
         param.use_muon = param.ndim >= 2  # read by Muon only: the matrices take Muon's update, the biases Adam's
-    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=parameters or model.parameters(), config=cfg)
     return engine
 
 
@@ -222,7 +250,9 @@ def train_steps(engine, case, first, count, before=lambda step, micro, phase: No
     losses = []
     for step in range(first, first + count):
         if case == PIPELINE:
-            data = iter([batch(step, micro, 0, gas, dtype) for micro in range(gas)])
+            # Both stages of a data-parallel replica see its micro-batches (the last one needs the targets).
+            replica = engine.mpu.get_data_parallel_rank()
+            data = iter([batch(step, micro, replica, gas, dtype) for micro in range(gas)])
             losses.append(float(engine.train_batch(data_iter=data)))
             continue
         for micro in range(gas):
@@ -306,10 +336,10 @@ def cases(args):
     """Non-pipeline configurations first, the pipeline last: its grid stays in deepspeed.utils.groups."""
     chosen = {}
     wanted = [name for name in args.configs.split(",") if name]
-    unknown = sorted(set(wanted) - set(CONFIGS) - {PIPELINE})
+    unknown = sorted(set(wanted) - set(CONFIGS) - {PIPELINE, MOE})
     if unknown:
         raise SystemExit(f"--configs: unknown configuration(s) {unknown}")
-    for group in (list(CONFIGS), [PIPELINE]):
+    for group in (list(CONFIGS), [MOE], [PIPELINE]):
         for name in (name for name in group if not wanted or name in wanted):
             if args.save:
                 chosen[f"save/{name}"] = save_then_continue(name, args.save)
