@@ -163,6 +163,10 @@ def main():
     result = compare_splits(args.zero_stage, args.dtype)
     if dist.get_rank() == 0:
         print_comparison(result, args.zero_stage, args.dtype)
+    # Down together before exit: a rank whose communication threads still run at interpreter teardown aborts
+    # ("terminate called without an active exception") while rank 0 is still printing.
+    dist.barrier()
+    dist.destroy_process_group()
     sys.exit(0 if result["agree"] else 1)
 
 
