@@ -175,7 +175,21 @@ CONFIGS = {
 PIPELINE = "pipe2_zero1_fp32_clip"  # 2 stages x (world size / 2) data-parallel ranks
 # One MoE layer of 2 experts, expert parallel 2: rank r holds expert r % 2 (tests/helpers/moe_model.py).
 MOE = "moe2_zero2_fp32_clip"
-MOE_CONFIG = {"zero_optimization": {"stage": 2}, "gradient_clipping": 0.5}
+# Their configurations beside CONFIGS', by the stage their names say.
+MODEL_CONFIGS = {
+    PIPELINE: {
+        "zero_optimization": {
+            "stage": 1
+        },
+        "gradient_clipping": 0.5
+    },
+    MOE: {
+        "zero_optimization": {
+            "stage": 2
+        },
+        "gradient_clipping": 0.5
+    },
+}
 UNIVERSAL = ("zero1_fp32_clip", "zero2_fp32_clip")  # converted with ds_to_universal by the test
 
 
@@ -184,12 +198,7 @@ def data_parallel_size(case):
 
 
 def config(case):
-    extra = CONFIGS.get(case, MOE_CONFIG if case == MOE else {
-        "zero_optimization": {
-            "stage": 1
-        },
-        "gradient_clipping": 0.5
-    })
+    extra = CONFIGS[case] if case in CONFIGS else MODEL_CONFIGS[case]
     return dict(
         {
             "train_micro_batch_size_per_gpu": MICRO,
