@@ -11,7 +11,8 @@ counters, learning rate and schedule, skipped steps, fp16's loss scaler) must eq
 its weights after the 3 steps the writer's within fp32's rounding of another summation order (1e-6), or the
 dtype's tolerance. 0.19.8 refuses every such load with a ZeRORuntimeException (ZeRO-3 from 1 rank to 2: an
 AssertionError), so every case here fails there. Muon's momentum, and a ZeRO-3 checkpoint saved before the optimizer's
-first step (``zero3_fp16_dynamic_scale``: every step so far skipped for overflow), convert since patch 0048.
+first step (``zero3_fp16_dynamic_scale``: every step so far skipped for overflow), convert since patch 0048, and
+DeepSpeed MoE's expert-parallel experts (each rank numbers its own from 0) since patch 0049.
 """
 
 from pathlib import Path
@@ -46,21 +47,12 @@ FP32_REORDERED = 1e-6
 # 2.3e-4 (ZeRO-1) from the writer. A momentum lost on load is 1.6e-2 away (norm, 2 -> 2 ranks, 2 steps).
 MUON_NEWTON_SCHULZ = TOLERANCE["fp16"]
 
-# DeepSpeed's own MoE layer with expert parallelism: every expert-parallel rank names its experts alike
-# (deepspeed_experts.0), and ds_to_universal merges different experts' states under that one name: the conversion
-# fails on a shape (the load raises on every rank, naming it).
-NO_NATIVE_MOE = pytest.mark.xfail(strict=True,
-                                  reason="ds_to_universal: DeepSpeed MoE's expert-parallel experts share their names, "
-                                  "and their states are merged as one parameter's")
-
 
 def case_params():
     for config, moves in [(config, MOVES) for config in CONFIGS] + [(MOE, KEPT_DEGREE_MOVES),
                                                                     (PIPELINE, KEPT_DEGREE_MOVES)]:
         for writer, reader in moves:
             marks = [] if (config, writer, reader) in CI_CASES else [pytest.mark.slow]
-            if config == MOE:
-                marks.append(NO_NATIVE_MOE)
             yield pytest.param(config, writer, reader, marks=marks, id=f"{config}-{writer}to{reader}")
 
 
