@@ -44,7 +44,8 @@ ENGINE_SURFACE = [
     "zero3_fp32_hpz", "zero3_fp32_fetch_by_all_reduce", "zero3_fp32_allgather_sequential", "zero0_autocast_bf16",
     "zero2_autocast_bf16", "zero2_fp32_warmup_lr", "zero3_offload_fp32_warmup_lr", "zero1_bf16_warmup_decay_lr",
     "zero0_fp16_one_cycle", "zero0_fp32_torch_step_lr", "zero2_fp32_torch_cosine_lr", "zero1_bf16_master_adam_clip",
-    "zero3_bf16_master_sgd_clip", "zero3_fp32_leaf_module_small_buckets"
+    "zero3_bf16_master_sgd_clip", "zero3_fp32_leaf_module_small_buckets", "zero2_fp32_cpu_offload_alias",
+    "zero3_fp32_cpu_offload_aliases", "zero2_bf16_parameter_alignment"
 ]
 MUST_PASS += ENGINE_SURFACE
 
@@ -93,6 +94,7 @@ CASES_READ_BY = {
     "test_a_step_the_engine_skips_is_reported": ["control_inf_gradient_in_step_2"],
     "test_each_split_is_gathered_in_one_collective": ["comparison_collectives"],
     "test_control_mislabelled_sequence_parallel_loss_fails": ["control_sp2_gathered_loss_declared_as_share"],
+    "test_nvme_offload": ["zero3_nvme_offload_fp32"],
 }
 
 
@@ -152,6 +154,22 @@ def test_small_buckets_reveal_a_bucket_bug(launched):
         assert all(r["passed"] for r in result["default"]), f"rank {rank}:\n{describe(result['default'])}"
         assert not any(r["passed"]
                        for r in result["small_buckets"]), f"rank {rank}:\n{describe(result['small_buckets'])}"
+
+
+def async_io_missing():
+    """Why DeepSpeed's async_io op (NVMe offload) cannot build here, or None."""
+    from deepspeed.accelerator import get_accelerator
+    builder = get_accelerator().create_op_builder("AsyncIOBuilder")
+    if builder is None or not builder.is_compatible(False):
+        return "NVMe offload needs DeepSpeed's async_io op, which needs libaio (Debian: libaio-dev)"
+    return None
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(async_io_missing() is not None, reason=str(async_io_missing()))
+def test_nvme_offload(launched):
+    """ZeRO-Infinity: ZeRO-3 with optimizer states and parameters swapped to NVMe (a directory), pipelined."""
+    assert_gas_invariant(launched, "zero3_nvme_offload_fp32")
 
 
 SCALE_GROWTH = [f"zero{stage}_fp16_scale_growth" for stage in range(4)]

@@ -7,8 +7,12 @@ Against the fork the installed ``deepspeed.gafix.gas_check`` runs; against prist
 checker (which uses public DeepSpeed APIs only) is loaded from this repository as a standalone tool.
 """
 
+import atexit
 import importlib
+import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -243,6 +247,41 @@ CONFIGS.update({
     "zero2_bf16_fp32_communication":
     zero_with(2, {}, communication_data_type="fp32", **BF16, **CLIPPED_SGD),
 })
+
+# The deprecated ZeRO aliases of offload (cpu_offload for the optimizer's, cpu_offload_param and
+# cpu_offload_use_pin_memory for the parameters'), and ZeRO-1/2's parameter alignment, which pads the flat buffers
+# between parameters (bf16: to 8 elements, so the 4-element bias is padded).
+CONFIGS.update({
+    "zero2_fp32_cpu_offload_alias":
+    zero_with(2, {"cpu_offload": True}, **TORCH_OPTIMIZER_OFFLOAD, **CLIPPED_SGD),
+    "zero3_fp32_cpu_offload_aliases":
+    zero_with(3, {
+        "cpu_offload": True,
+        "cpu_offload_param": True,
+        "cpu_offload_use_pin_memory": True
+    }, **TORCH_OPTIMIZER_OFFLOAD, **CLIPPED_SGD),
+    "zero2_bf16_parameter_alignment":
+    zero_with(2, {"parameter_alignment": True}, **BF16, **CLIPPED_SGD),
+})
+
+# ZeRO-Infinity: ZeRO-3 with its optimizer states and parameters swapped to NVMe (here a plain directory, one per
+# rank), reads and writes pipelined, clipping active; needs DeepSpeed's async_io op (libaio), which tests/test_gas_check.py checks.
+NVME_PATH = os.path.join(tempfile.gettempdir(), f"ds_gas_check_nvme_{os.getpid()}")
+atexit.register(shutil.rmtree, NVME_PATH, ignore_errors=True)
+CONFIGS["zero3_nvme_offload_fp32"] = zero_with(3, {
+    "offload_optimizer": {
+        "device": "nvme",
+        "nvme_path": NVME_PATH,
+        "pipeline_read": True,
+        "pipeline_write": True
+    },
+    "offload_param": {
+        "device": "nvme",
+        "nvme_path": NVME_PATH
+    }
+},
+                                               gradient_clipping=0.5,
+                                               **FUSED_ADAM)  # DeepSpeed's CPU Adam, whose states the swapper moves
 
 # More of the engine's surface (docs/reference/engine_surface.md): the norm left uncomputed (ZeRO-1/2, no clipping),
 # hpZ's secondary weight partitions, ZeRO-3's other ways to fetch parameters, torch autocast (the check reads its
