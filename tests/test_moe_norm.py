@@ -22,7 +22,7 @@ WORKER = REPO / "tests" / "workers" / "moe_norm.py"
 SPLITS = {2: [(4, 1), (2, 2), (1, 4)], 4: [(2, 1), (1, 2)]}
 PATHS = [
     "zero0_fp32", "zero0_fp32_no_clipping", "zero0_fp16", "zero0_fp16_fused_adam", "zero1_bf16_fp32_accumulation",
-    "zero1_fp32", "zero2_fp32", "zero2_fp16", "zero2_bf16"
+    "zero1_fp32", "zero2_fp32", "zero2_fp16", "zero2_bf16", "zero2_fp32_data_before_expert"
 ]
 # Norm: fp32 is the norm's own rounding; fp16/bf16 gradients come from 11/8-bit weights, and ZeRO-2 bf16
 # accumulates them in bf16 (2.5e-3 seen at GAS 2). Update: against the fp64 update rounded to the

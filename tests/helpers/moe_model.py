@@ -8,7 +8,8 @@ each rank's samples equals routing the whole batch at once), linear. Expert ``e`
 shared seed's weights plus ``0.1 * (e + 1)``, the same on every rank that holds it (its
 expert-data-parallel replicas), different from every other expert. Without model parallelism
 DeepSpeed puts consecutive ranks in an expert-parallel group, so rank ``r`` holds expert
-``r % ep_size``; fp64_gradients checks that against the groups the engine built.
+``r % ep_size`` (with ``use_data_before_expert_parallelism``, ``r // (world size / ep_size)``);
+fp64_gradients checks that against the groups the engine built.
 """
 
 import torch
@@ -21,7 +22,7 @@ HIDDEN = 16
 
 class MoENet(torch.nn.Module):
 
-    def __init__(self, ep_size=2, hidden=HIDDEN, seed=0):
+    def __init__(self, ep_size=2, hidden=HIDDEN, seed=0, data_before_expert=False):
         super().__init__()
         from deepspeed.moe.layer import MoE
         torch.manual_seed(seed)
@@ -35,7 +36,10 @@ class MoENet(torch.nn.Module):
                        drop_tokens=False,
                        use_rts=False)
         self.out = torch.nn.Linear(hidden, OUT)
-        self.expert_index = dist.get_rank() % ep_size  # the engine builds the groups later
+        # The engine builds the groups later. With use_data_before_expert_parallelism (no model parallelism) the
+        # expert-data-parallel groups are the consecutive blocks of world / ep_size ranks instead.
+        replicas = dist.get_world_size() // ep_size
+        self.expert_index = dist.get_rank() // replicas if data_before_expert else dist.get_rank() % ep_size
         with torch.no_grad():
             for param in self.moe.deepspeed_moe.experts.parameters():
                 param.add_(0.1 * (self.expert_index + 1))
@@ -59,7 +63,7 @@ def fp64_gradients(model, inputs, targets, items=None):
     sample), the loss is the mean over items, a sample's squared error counted once per item."""
     from deepspeed.utils import groups
     group = groups._get_expert_parallel_group(model.moe.expert_group_name)
-    assert dist.get_rank(group=group) == model.expert_index, "expert-parallel groups are not consecutive ranks"
+    assert dist.get_rank(group=group) == model.expert_index, "the expert-parallel groups are not the layout assumed"
 
     def gathered(tensor):
         tensor = tensor.detach().float().contiguous()

@@ -38,6 +38,10 @@ PATHS = {
     "zero2_fp32": ({}, "SGD", 2),
     "zero2_fp16": (FP16, "SGD", 2),
     "zero2_bf16": (BF16, "SGD", 2),
+    # The D + E layout of the expert groups: on 4 ranks expert e on ranks 2e and 2e + 1 (E + D: e and e + 2).
+    "zero2_fp32_data_before_expert": ({
+        "use_data_before_expert_parallelism": True
+    }, "SGD", 2),
 }
 
 # "loss_normalization": "per_item" on these paths: each sample holds this many items (its squared error
@@ -80,7 +84,7 @@ def case(path, micro, gas):
 
     def run():
         from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
-        model = MoENet(ep_size=2)
+        model = MoENet(ep_size=2, data_before_expert="data_before_expert" in path)
         groups = split_params_into_different_moe_groups_for_optimizer({
             "params": list(model.parameters()),
             "name": "dense"
