@@ -165,8 +165,11 @@ def async_io_missing():
     return None
 
 
+ASYNC_IO_MISSING = async_io_missing()  # once per collection: the probe compiles against libaio
+
+
 @pytest.mark.slow
-@pytest.mark.skipif(async_io_missing() is not None, reason=str(async_io_missing()))
+@pytest.mark.skipif(ASYNC_IO_MISSING is not None, reason=str(ASYNC_IO_MISSING))
 def test_nvme_offload(launched):
     """ZeRO-Infinity: ZeRO-3 with optimizer states and parameters swapped to NVMe (a directory), pipelined."""
     assert_gas_invariant(launched, "zero3_nvme_offload_fp32")

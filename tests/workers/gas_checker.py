@@ -265,7 +265,8 @@ CONFIGS.update({
 })
 
 # ZeRO-Infinity: ZeRO-3 with its optimizer states and parameters swapped to NVMe (here a plain directory, one per
-# rank), reads and writes pipelined, clipping active; needs DeepSpeed's async_io op (libaio), which tests/test_gas_check.py checks.
+# rank), reads and writes pipelined, clipping active; needs DeepSpeed's async_io op (libaio), which
+# tests/test_gas_check.py checks.
 NVME_PATH = os.path.join(tempfile.gettempdir(), f"ds_gas_check_nvme_{os.getpid()}")
 atexit.register(shutil.rmtree, NVME_PATH, ignore_errors=True)
 CONFIGS["zero3_nvme_offload_fp32"] = zero_with(3, {
