@@ -8,6 +8,8 @@ tests/workers/autotp_norm.py splits an MLP as AutoTP splits a transformer's (a c
 a row-parallel one with a replicated bias, a replicated last linear) on 2 ranks (TP 2) and 4 ranks
 (TP 2 x DP 2), ZeRO 0/1/2, micro-batch x GAS at 2 splits: split parameters count per shard,
 replicated ones once. Measured equal on the fork and on 0.19.8 (which reports no norm without ZeRO).
+The same with the TP block under activation checkpointing configured from the config (its input partitioned over
+the TP ranks, on the CPU, or in contiguous buffers).
 """
 
 import pytest
@@ -26,6 +28,13 @@ ALL_CASES = [(ranks, f"{path}_m{m}_g{g}") for ranks in SPLITS for path in PATHS 
 # same micro-batch: each adds its 1/TP share.
 PER_ITEM_CASES = [(ranks, f"{path}_per_item_m{m}_g{g}") for ranks in SPLITS for path in PATHS
                   for m, g in SPLITS[ranks]]
+
+# Activation checkpointing of the TP block from the config (deepspeed.checkpointing.configure with the TP group):
+# partitioned activations, their CPU copies, contiguous buffers.
+CHECKPOINTING = ["_ckpt_partitioned", "_ckpt_partitioned_cpu", "_ckpt_partitioned_contiguous"]
+CHECKPOINTED_CASES = [(ranks, f"{path}{c}_m{m}_g{g}") for ranks in SPLITS for path in PATHS for c in CHECKPOINTING
+                      for m, g in SPLITS[ranks]]
+ALL_CASES += CHECKPOINTED_CASES
 
 # Slow, 2 ranks too (with --run-slow): they establish paths where nothing was wrong, and CI keeps to
 # its 30 minutes.
@@ -50,6 +59,21 @@ def test_norm_and_update_match_fp64_reference(launched, case):
 
 
 @pytest.mark.fork_only
+@pytest.mark.parametrize("case", [pytest.param(case, marks=pytest.mark.slow) for case in CHECKPOINTED_CASES], ids=ids)
+def test_checkpointing_configured_from_the_config(launched, case):
+    """The checkpointed cases ran what their config asked: activations partitioned over the 2 TP ranks, on the CPU
+    or in contiguous buffers."""
+    ranks, name = case
+    expected = {
+        "partitioned": True,
+        "cpu": name.split("_m")[0].endswith("_cpu"),
+        "contiguous": "_contiguous" in name,
+        "mp_size": 2
+    }
+    for rank, result in enumerate(launched[ranks].case(name)):
+        assert result["checkpointing"] == expected, f"rank {rank}: {result['checkpointing']}"
+
+
 @pytest.mark.parametrize("case", CASES, ids=ids)
 def test_one_collective_per_step(launched, case):
     """0.19.8: 2 on every case here."""

@@ -45,7 +45,10 @@ ENGINE_SURFACE = [
     "zero2_autocast_bf16", "zero2_fp32_warmup_lr", "zero3_offload_fp32_warmup_lr", "zero1_bf16_warmup_decay_lr",
     "zero0_fp16_one_cycle", "zero0_fp32_torch_step_lr", "zero2_fp32_torch_cosine_lr", "zero1_bf16_master_adam_clip",
     "zero3_bf16_master_sgd_clip", "zero3_fp32_leaf_module_small_buckets", "zero2_fp32_cpu_offload_alias",
-    "zero3_fp32_cpu_offload_aliases", "zero2_bf16_parameter_alignment"
+    "zero3_fp32_cpu_offload_aliases", "zero2_bf16_parameter_alignment", "zero2_autocast_bf16_no_lowered_modules",
+    "zero2_fp16_auto_cast", "zero2_bf16_no_overflow_check_clip", "zero2_offload_fp16_master_adam_clip",
+    "zero3_offload_fp32_partial_ratio", "pipe2_fp32_checkpointed_clip", "pipe2_fp32_non_reentrant_checkpointed_clip",
+    "zero3_fp32_hybrid_engine_clip", "zero2_bf16_hybrid_engine_clip"
 ]
 MUST_PASS += ENGINE_SURFACE
 
@@ -94,7 +97,8 @@ CASES_READ_BY = {
     "test_a_step_the_engine_skips_is_reported": ["control_inf_gradient_in_step_2"],
     "test_each_split_is_gathered_in_one_collective": ["comparison_collectives"],
     "test_control_mislabelled_sequence_parallel_loss_fails": ["control_sp2_gathered_loss_declared_as_share"],
-    "test_nvme_offload": ["zero3_nvme_offload_fp32"],
+    "test_nvme_offload":
+    ["zero3_nvme_offload_fp32", "zero3_nvme_offload_fp32_buffers", "zero3_nvme_offload_muon_momentum_in_memory"],
 }
 
 
@@ -171,8 +175,10 @@ ASYNC_IO_MISSING = async_io_missing()  # once per collection: the probe compiles
 @pytest.mark.slow
 @pytest.mark.skipif(ASYNC_IO_MISSING is not None, reason=str(ASYNC_IO_MISSING))
 def test_nvme_offload(launched):
-    """ZeRO-Infinity: ZeRO-3 with optimizer states and parameters swapped to NVMe (a directory), pipelined."""
-    assert_gas_invariant(launched, "zero3_nvme_offload_fp32")
+    """ZeRO-Infinity: ZeRO-3 with optimizer states and parameters swapped to NVMe (a directory), pipelined; with more
+    swap buffers and fast initialisation; Muon's momentum kept in memory."""
+    for case in CASES_READ_BY["test_nvme_offload"]:
+        assert_gas_invariant(launched, case)
 
 
 SCALE_GROWTH = [f"zero{stage}_fp16_scale_growth" for stage in range(4)]

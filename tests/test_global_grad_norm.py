@@ -65,12 +65,14 @@ def tolerance(case):
 
 @pytest.fixture(scope="module")
 def launched(extensions_dir):
-    return launch_cases(
-        WORKER,
-        nprocs=2,
-        cases=[*COLLECTIVES, *OVERFLOW_CASES, *NO_NORM_CASES, *MUON_CASES, *UNUSED_PARAMETER_CASES, *PIPELINE_CASES],
-        extensions_dir=extensions_dir,
-        timeout=900)
+    return launch_cases(WORKER,
+                        nprocs=2,
+                        cases=[
+                            *COLLECTIVES, *OVERFLOW_CASES, "zero0_fp16_lamb_legacy_step", *NO_NORM_CASES, *MUON_CASES,
+                            *UNUSED_PARAMETER_CASES, *PIPELINE_CASES
+                        ],
+                        extensions_dir=extensions_dir,
+                        timeout=900)
 
 
 @pytest.mark.parametrize("case", sorted(COLLECTIVES))
@@ -126,6 +128,15 @@ def test_fp16_overflow_on_one_rank_skips_the_step_on_every_rank(launched, case):
         assert poisoned["scale"][1] <= poisoned["scale"][0], f"rank {rank}: {poisoned}"
         assert clean["weights_changed"] and clean["skipped_steps"] == 1, f"rank {rank}: {clean}"
         assert math.isfinite(clean["norm"]), f"rank {rank}: {clean}"
+
+
+def test_fp16_legacy_lamb_step(launched):
+    """fp16 LAMB without ZeRO (FP16_UnfusedOptimizer's legacy step, the CUDA FusedLamb replaced by a stand-in taking
+    its arguments): a finite batch steps, an inf gradient is skipped. Patch 0018 once left this
+    step naming an undefined variable (a NameError at its first step)."""
+    for rank, (finite, poisoned) in enumerate(launched.case("zero0_fp16_lamb_legacy_step")):
+        assert finite == {"overflow": False, "calls": 1}, f"rank {rank}: {finite}"
+        assert poisoned == {"overflow": True, "calls": 1}, f"rank {rank}: {poisoned}"
 
 
 @pytest.mark.parametrize("case", sorted(NO_NORM_CASES))

@@ -43,9 +43,46 @@ PATHS = {"zero0_fp32": 0, "zero1_fp32": 1, "zero2_fp32": 2}
 PER_ITEM = "_per_item"
 ITEMS = SAMPLE_ITEMS[:GLOBAL_BATCH]
 
+# Activation checkpointing of the TP MLP (path + one of these): deepspeed.checkpointing configured from the engine's
+# config with the TP group as its model-parallel group, as Megatron-style models do. The checkpointed blocks take
+# activations every TP rank holds whole (the model's input, the row-parallel output): partition_activations keeps
+# each rank's half between forward and backward and gathers them for the recomputation.
+CHECKPOINTING = {
+    "_ckpt_partitioned": {
+        "partition_activations": True
+    },
+    "_ckpt_partitioned_cpu": {
+        "partition_activations": True,
+        "cpu_checkpointing": True
+    },
+    # Contiguous buffers hold one checkpoint's partitions of one size: the first block alone is checkpointed.
+    "_ckpt_partitioned_contiguous": {
+        "partition_activations": True,
+        "contiguous_memory_optimization": True,
+        "number_checkpoints": 1
+    },
+}
 
-def config(stage, micro, gas, per_item=False):
+
+class CheckpointedMLP(torch.nn.Sequential):
+    """make_layers()'s MLP with its TP block (column, tanh, row, tanh) and, unless ``first_only``, its last linear run
+    through deepspeed.checkpointing.checkpoint; parameter names stay the Sequential's."""
+
+    def __init__(self, layers, first_only):
+        super().__init__(*layers)
+        self.first_only = first_only
+
+    def forward(self, x):
+        # The reentrant checkpoint passes gradients to the block's parameters only through an input that needs them.
+        x = deepspeed.checkpointing.checkpoint(lambda t: self[3](self[2](self[1](self[0](t)))), x.requires_grad_())
+        return self[4](x) if self.first_only else deepspeed.checkpointing.checkpoint(self[4], x)
+
+
+def config(stage, micro, gas, per_item=False, checkpointing=None):
     return {
+        **({
+            "activation_checkpointing": checkpointing
+        } if checkpointing else {}),
         **({
             "loss_normalization": "per_item"
         } if per_item else {}),
@@ -82,12 +119,16 @@ def case(path, micro, gas):
     def run():
         from deepspeed.module_inject.layers import LinearAllreduce, LinearLayer
         from deepspeed.utils import groups, safe_get_full_fp32_param
-        per_item = path.endswith(PER_ITEM)
-        stage = PATHS[path.removesuffix(PER_ITEM)]
-        cfg = config(stage, micro, gas, per_item)
+        checkpointing = next((suffix for suffix in CHECKPOINTING if path.endswith(suffix)), "")
+        per_item = path.removesuffix(checkpointing).endswith(PER_ITEM)
+        stage = PATHS[path.removesuffix(checkpointing).removesuffix(PER_ITEM)]
+        cfg = config(stage, micro, gas, per_item, CHECKPOINTING.get(checkpointing))
         layers = make_layers()
         reference = torch.nn.Sequential(*copy.deepcopy(layers)).double()
-        model = torch.nn.Sequential(*copy.deepcopy(layers))
+        if checkpointing:
+            model = CheckpointedMLP(copy.deepcopy(layers), first_only="contiguous" in checkpointing)
+        else:
+            model = torch.nn.Sequential(*copy.deepcopy(layers))
         # A first engine creates the TP groups (as upstream's AutoTP tests do), then the layers are split.
         warmup = torch.nn.Linear(4, 4)
         deepspeed.initialize(model=warmup, model_parameters=warmup.parameters(), config=cfg)[0].destroy()
@@ -95,6 +136,8 @@ def case(path, micro, gas):
         model[COLUMN] = LinearLayer(model[COLUMN], group)
         model[ROW] = LinearAllreduce(model[ROW], group)
         engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+        if checkpointing:
+            deepspeed.checkpointing.configure(groups, deepspeed_config=cfg)
         tp_rank = dist.get_rank(group=group)
         dp_world = dist.get_world_size() // TP
         dp_rank = dist.get_rank(group=groups._get_data_parallel_group())
@@ -109,6 +152,15 @@ def case(path, micro, gas):
         names = [name for name, _ in engine.module.named_parameters()]
         after = [(safe_get_full_fp32_param(p) if stage else p).detach().double() for p in engine.module.parameters()]
         engine.destroy()
+        settings = {}
+        if checkpointing:
+            from deepspeed.runtime.activation_checkpointing import checkpointing as ckpt
+            settings = {
+                "partitioned": ckpt.PARTITION_ACTIVATIONS,
+                "cpu": ckpt.CPU_CHECKPOINT,
+                "contiguous": ckpt.CONTIGUOUS_CHECKPOINTING,
+                "mp_size": ckpt.mp_size
+            }
 
         if per_item:
             total, count = sample_items_loss_sum(reference(inputs.double()), targets, ITEMS)
@@ -125,6 +177,7 @@ def case(path, micro, gas):
             "reference_norm": reference_norm,
             "update_error": relative_update_error(after, expected, before),
             "data_parallel_rank": dp_rank,
+            "checkpointing": settings,
         }
 
     return run
@@ -137,5 +190,5 @@ def splits(world):
 
 if __name__ == "__main__":
     world = int(os.environ.get("WORLD_SIZE", "2"))
-    paths = list(PATHS) + [path + PER_ITEM for path in PATHS]
+    paths = list(PATHS) + [path + PER_ITEM for path in PATHS] + [path + c for path in PATHS for c in CHECKPOINTING]
     run_cases({f"{path}_m{m}_g{g}": case(path, m, g) for path in paths for m, g in splits(world)})

@@ -373,6 +373,79 @@ CONFIGS.update({
     "zero3_bf16_master_sgd_clip": zero(3, **CLIPPED_SGD, **BF16_MASTER),
 })
 
+# Mixed-precision settings (docs/reference/engine_surface.md): autocast lowering no module's gradients (every
+# reduction in fp32, where the default list reduces the Linear layers' in bf16), fp16's auto_cast (the inputs cast to
+# fp16), bf16 without its overflow check, and fp16 master weights and gradients (ZeRO-2 offload with DeepSpeed's CPU
+# Adam, as the engine requires).
+CONFIGS.update({
+    "zero2_autocast_bf16_no_lowered_modules":
+    zero_with(2, {},
+              torch_autocast={
+                  "enabled": True,
+                  "dtype": "bfloat16",
+                  "lower_precision_safe_modules": []
+              },
+              **CLIPPED_SGD),
+    "zero2_fp16_auto_cast":
+    zero(2, **CLIPPED_SGD, fp16={
+        "enabled": True,
+        "loss_scale": 0,
+        "initial_scale_power": 10,
+        "auto_cast": True
+    }),
+    "zero2_bf16_no_overflow_check_clip":
+    zero(2, **CLIPPED_SGD, bf16={
+        "enabled": True,
+        "check_grad_overflow": False
+    }),
+    "zero2_offload_fp16_master_adam_clip":
+    zero_with(2,
+              OFFLOAD,
+              gradient_clipping=0.5,
+              fp16={
+                  "enabled": True,
+                  "initial_scale_power": 8,
+                  "fp16_master_weights_and_grads": True
+              },
+              **FUSED_ADAM),
+})
+
+# ZeRO-3's optimizer offload in more shapes: NVMe with more swap buffers than the default and fast initialisation,
+# a partial offload (half the sub-groups stepped on the CPU by DeepSpeed's CPU Adam, the rest by the device's Adam:
+# small buckets give the model several sub-groups), and Muon with its momentum kept in memory under NVMe offload.
+NVME_OPTIMIZER = {"device": "nvme", "nvme_path": NVME_PATH, "pipeline_read": True, "pipeline_write": True}
+CONFIGS.update({
+    "zero3_nvme_offload_fp32_buffers":
+    zero_with(
+        3,
+        {
+            "offload_optimizer": dict(NVME_OPTIMIZER, buffer_count=5, fast_init=True),
+            "offload_param": {
+                "device": "nvme",
+                "nvme_path": NVME_PATH,
+                "buffer_count": 6,
+                "buffer_size": 100_000  # elements: 6 of the default 1e8 fill the memory of 2 ranks on a small host
+            }
+        },
+        gradient_clipping=0.5,
+        **FUSED_ADAM),
+    "zero3_nvme_offload_muon_momentum_in_memory":
+    zero_muon(3,
+              zero_optimization={
+                  "stage": 3,
+                  "offload_optimizer": NVME_OPTIMIZER,
+                  "save_muon_momentum_buffer_in_memory": True
+              }),
+})
+
+# RLHF's hybrid engine (DeepSpeedHybridEngine, the engine class for "hybrid_engine": {"enabled": true}): its training
+# steps, ZeRO-3 as DeepSpeed-Chat trains the actor, and ZeRO-2 in bf16.
+HYBRID_ENGINE = {"hybrid_engine": {"enabled": True}}
+CONFIGS.update({
+    "zero3_fp32_hybrid_engine_clip": zero_with(3, {}, **HYBRID_ENGINE, **CLIPPED_SGD),
+    "zero2_bf16_hybrid_engine_clip": zero_with(2, {}, **HYBRID_ENGINE, **BF16, **CLIPPED_SGD),
+})
+
 CASES = {name: (lambda config=config: check(config)) for name, config in CONFIGS.items()}
 
 
@@ -445,6 +518,12 @@ def comparison_collectives():
 
 
 CASES["comparison_collectives"] = comparison_collectives
+CASES["zero3_offload_fp32_partial_ratio"] = lambda: check(zero_with(
+    3, {"offload_optimizer": {
+        "device": "cpu",
+        "ratio": 0.5
+    }}, gradient_clipping=0.5, **FUSED_ADAM),
+                                                          small_buckets=True)
 CASES["zero2_fp32_small_buckets"] = lambda: check(zero(2, gradient_clipping=0.5, **SGD), small_buckets=True)
 CASES["zero3_fp32_small_buckets"] = lambda: check(zero(3, gradient_clipping=0.5, **SGD), small_buckets=True)
 CASES["zero2_fp32_caller_divides"] = lambda: with_backward(divides_itself, CONFIGS["zero2_fp32"])
@@ -578,6 +657,15 @@ CASES["pipe2_fp32"] = lambda: check(dict(**NO_CLIP, **SGD), pipeline_stages=2)
 CASES["pipe2_fp32_clip"] = lambda: check(dict(gradient_clipping=0.5, **SGD), pipeline_stages=2)
 CASES["pipe2_bf16"] = lambda: check(dict(**NO_CLIP, **SGD, **BF16), pipeline_stages=2)
 CASES["pipe2_user_transformer_clip"] = user_pipeline_transformer
+# The pipeline section's activation checkpointing: every layer recomputed in the backward, reentrant and not.
+CASES["pipe2_fp32_checkpointed_clip"] = lambda: check(
+    dict(gradient_clipping=0.5, pipeline={"activation_checkpoint_interval": 1}, **SGD), pipeline_stages=2)
+CASES["pipe2_fp32_non_reentrant_checkpointed_clip"] = lambda: check(dict(
+    gradient_clipping=0.5, pipeline={
+        "activation_checkpoint_interval": 1,
+        "use_reentrant": False
+    }, **SGD),
+                                                                    pipeline_stages=2)
 CASES["pipe2_zero1_fp32_clip_per_item_variable_items"] = lambda: check(
     zero(1, gradient_clipping=0.5, **PER_ITEM, **SGD), pipeline_stages=2, items="variable")
 CASES["pipe2_bf16_per_item_variable_items"] = lambda: check(

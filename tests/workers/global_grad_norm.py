@@ -153,6 +153,35 @@ def overflow_case(stage):
     return run
 
 
+def lamb_legacy_step():
+    """FP16_UnfusedOptimizer's legacy LAMB step (fp16, "type": "Lamb", no ZeRO; FusedLamb is a CUDA op, so a
+    stand-in that takes the same step arguments): a finite batch steps, an inf gradient (every rank's, as after the
+    backward's all-reduce) is skipped."""
+    from deepspeed.runtime.fp16.unfused_optimizer import FP16_UnfusedOptimizer
+
+    class LegacyLambStandIn(torch.optim.SGD):
+
+        def step(self, closure=None, grads=None, output_params=None, scale=None):
+            self.calls = getattr(self, "calls", 0) + 1
+            self.scale = float(scale)
+
+    model = torch.nn.Sequential(*make_layers()).half()
+    lamb = LegacyLambStandIn(model.parameters(), lr=1e-3)
+    optimizer = FP16_UnfusedOptimizer(lamb,
+                                      dynamic_loss_scale=True,
+                                      dynamic_loss_args=None,
+                                      clip_grad=1.0,
+                                      fused_lamb_legacy=True,
+                                      verbose=False)
+    steps = []
+    for poisoned in (False, True):
+        for p in model.parameters():
+            p.grad = torch.full_like(p, float("inf") if poisoned else 0.01)
+        overflow = optimizer.step()
+        steps.append({"overflow": bool(overflow), "calls": getattr(lamb, "calls", 0)})
+    return steps
+
+
 def no_norm_case(extra):
     """``zero_optimization.compute_grad_norm: false`` with clipping off: step() takes no norm (no
     collective in fp32; in fp16 only the overflow flag's), ``get_global_grad_norm()`` is None as the
@@ -462,6 +491,7 @@ CASES = {
     },
     "zero2_fp16_overflow": overflow_case(2),
     "zero3_fp16_overflow": overflow_case(3),
+    "zero0_fp16_lamb_legacy_step": lamb_legacy_step,
     "zero1_no_norm_fp32": no_norm_case(zero(1, compute_grad_norm=False)),
     "zero2_no_norm_fp32": no_norm_case(zero(2, compute_grad_norm=False)),
     "zero2_no_norm_fp16": no_norm_case(dict(FP16, **zero(2, compute_grad_norm=False))),
