@@ -48,7 +48,8 @@ ENGINE_SURFACE = [
     "zero3_fp32_cpu_offload_aliases", "zero2_bf16_parameter_alignment", "zero2_autocast_bf16_no_lowered_modules",
     "zero2_fp16_auto_cast", "zero2_bf16_no_overflow_check_clip", "zero2_offload_fp16_master_adam_clip",
     "zero3_offload_fp32_partial_ratio", "pipe2_fp32_checkpointed_clip", "pipe2_fp32_non_reentrant_checkpointed_clip",
-    "zero3_fp32_hybrid_engine_clip", "zero2_bf16_hybrid_engine_clip"
+    "zero3_fp32_hybrid_engine_clip", "zero2_bf16_hybrid_engine_clip", "zero3_fp32_zero_init_clip",
+    "zero3_bf16_zero_init_torch_linear_clip", "zero3_fp32_zero_init_module_apply_clip"
 ]
 MUST_PASS += ENGINE_SURFACE
 

@@ -128,6 +128,7 @@ def test_own_transformer_factories_pass_with_adam(tmp_path, extensions_dir):
       ], "--data 'gas_check_transformer:nothing': module 'gas_check_transformer' has no attribute 'nothing'"),
     (["--loss", "gas_check_transformer:token_loss"], "--loss needs --data"),
     (["--splits", "4x1,3x2"], "--splits '4x1,3x2': micro-batch x GAS must be the same in every split"),
+    (["--hf-model", "{tmp}", "--zero-init"], "--hf-model and --zero-init: not yet"),
 ])
 def test_bad_input_names_the_option(tmp_path, capsys, monkeypatch, args, message):
     # In this process: every such error is found before deepspeed is initialized.

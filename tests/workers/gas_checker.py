@@ -29,6 +29,7 @@ import torch  # noqa: E402
 from deepspeed.runtime.engine import DeepSpeedEngine  # noqa: E402
 from helpers.rank_cases import force_fp16_on_cpu, run_cases  # noqa: E402
 
+TORCH_LINEAR = torch.nn.functional.linear  # before any ZeRO-3 engine replaces it (zero_init below)
 NO_CLIP = {"gradient_clipping": 0.0}
 SGD = {"optimizer": {"type": "SGD", "params": {"lr": 0.1}}}
 ADAMW = {"optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.0, "torch_adam": True}}}
@@ -526,6 +527,46 @@ CASES["zero3_offload_fp32_partial_ratio"] = lambda: check(zero_with(
                                                           small_buckets=True)
 CASES["zero2_fp32_small_buckets"] = lambda: check(zero(2, gradient_clipping=0.5, **SGD), small_buckets=True)
 CASES["zero3_fp32_small_buckets"] = lambda: check(zero(3, gradient_clipping=0.5, **SGD), small_buckets=True)
+
+
+def zero_init(config, **kwargs):
+    """ZeRO-3 with the model built under deepspeed.zero.Init, as transformers builds one for ZeRO-3. With
+    memory_efficient_linear (the default) zero.Init, and every ZeRO-3 engine, puts ZeRO-3's own linear function in
+    place of torch's for the rest of the process: the case starts from torch's, checks which one trained, and leaves
+    what it found for the cases after it."""
+    from deepspeed.runtime.zero.linear import zero3_linear_wrap
+    found, torch.nn.functional.linear = torch.nn.functional.linear, TORCH_LINEAR
+    try:
+        rows = check(config, zero_init=True, **kwargs)
+        zero3_linear = torch.nn.functional.linear is zero3_linear_wrap
+    finally:
+        torch.nn.functional.linear = found
+    if zero3_linear != config["zero_optimization"].get("memory_efficient_linear", True):
+        raise RuntimeError(f"memory_efficient_linear {config['zero_optimization']}: ZeRO-3's linear "
+                           f"{'trained' if zero3_linear else 'did not train'}")
+    return rows
+
+
+def initialised_by_apply():
+    """The built-in model, its linear layers' weights initialised again through ``Module.apply`` once built (as
+    transformers initialises weights a checkpoint lacks): under zero.Init the weights are partitioned by then, and
+    zero.Init gathers them for ``apply`` (``override_module_apply``, the default). 0.19.8's apply returned None
+    there (patch 0053)."""
+
+    def init_weights(module):
+        if isinstance(module, torch.nn.Linear):
+            torch.nn.init.normal_(module.weight, std=0.3)
+
+    return gas_check.models.builtin_model().apply(init_weights)
+
+
+# Its linear layers through ZeRO-3's linear function (small buckets: several fetches) or torch's; a model initialised
+# through Module.apply.
+CASES["zero3_fp32_zero_init_module_apply_clip"] = lambda: zero_init(zero(3, **CLIPPED_SGD),
+                                                                    make_model=initialised_by_apply)
+CASES["zero3_fp32_zero_init_clip"] = lambda: zero_init(zero(3, **CLIPPED_SGD), small_buckets=True)
+CASES["zero3_bf16_zero_init_torch_linear_clip"] = lambda: zero_init(
+    zero_with(3, {"memory_efficient_linear": False}, **BF16, **CLIPPED_SGD))
 CASES["zero2_fp32_caller_divides"] = lambda: with_backward(divides_itself, CONFIGS["zero2_fp32"])
 CASES["zero1_fp32_boundary_loop"] = lambda: check(CONFIGS["zero1_fp32"], loop="boundary")
 CASES["zero3_bf16_boundary_loop"] = lambda: check(zero(3, **NO_CLIP, **SGD, **BF16), loop="boundary")

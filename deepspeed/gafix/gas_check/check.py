@@ -53,6 +53,8 @@ class Workload:
     # Every micro-batch holds the same number of items whatever the split (the built-in data): the splits'
     # expected updates are the same without a reference.
     uniform_items: bool = False
+    # The engine's model built under deepspeed.zero.Init (ZeRO-3's partitioned construction), the reference's not.
+    zero_init: bool = False
 
 
 @dataclass(frozen=True)
@@ -392,7 +394,8 @@ def check_gas_invariance(config,
                          progress=None,
                          items="fixed",
                          small_buckets=False,
-                         sequence=None):
+                         sequence=None,
+                         zero_init=False):
     """Train ``config`` under each per-rank ``(micro, gas)`` split; return one SplitResult per split (run_check's
     results).
 
@@ -407,14 +410,15 @@ def check_gas_invariance(config,
     per_item losses, with the first split), "auto" (False when REFERENCE_BYTES_PER_PARAMETER per parameter exceed
     REFERENCE_LIMIT_BYTES). ``loop``: the training loop's style (see ``SplitTraining``). ``small_buckets``: ZeRO's
     bucket, prefetch and sub-group sizes scaled to the model, so that it spans several (buckets.py). ``sequence``
-    (sequence.SequenceParallel): Ulysses sequence parallelism on the built-in self-attention model.
+    (sequence.SequenceParallel): Ulysses sequence parallelism on the built-in self-attention model. ``zero_init``: build
+    the engine's model under ``deepspeed.zero.Init`` (ZeRO-3), as transformers builds a model for ZeRO-3.
 
     Call on every rank of an initialized deepspeed.comm. Every split must cover the same per-rank
     batch (micro x gas), so that the global batch is the same.
     """
     restart = None  # the restart check runs through ds_gas_check --restart
     plan = make_plan(config, make_model, splits, steps, pipeline_stages, loop, data, loss_fn, reference, progress,
-                     items, small_buckets, restart, sequence)
+                     items, small_buckets, restart, sequence, zero_init)
     return run_check(plan).results
 
 
@@ -459,7 +463,8 @@ def make_plan(config,
               items,
               small_buckets,
               restart=None,
-              sequence=None):
+              sequence=None,
+              zero_init=False):
     """Validate the check's input and settle what its splits share. ``restart`` (restart.Restart): a launch of the
     restart check: the saving one trains the steps up to the save, the resuming one every step (it loads the rest)."""
     if len({micro * gas for micro, gas in splits}) != 1:
@@ -476,6 +481,15 @@ def make_plan(config,
     if config["optimizer"].get("type", "").lower() not in ("adam", "adamw"):
         config.setdefault("zero_allow_untested_optimizer", True)
     workload = make_workload(config, make_model, splits, steps, pipeline_stages, data, loss_fn, items, sequence)
+    if zero_init:
+        stage = config.get("zero_optimization", {}).get("stage", 0)
+        if stage != 3:
+            raise ValueError(
+                f"--zero-init builds the model under deepspeed.zero.Init, which partitions it for ZeRO-3: "
+                f"the config's zero_optimization.stage is {stage}")
+        if pipeline_stages or sequence:
+            raise ValueError("--zero-init: not with --pipeline-stages or --sequence-parallel")
+        workload = replace(workload, zero_init=True)
     bucket_note = ""
     if small_buckets:
         config, bucket_note = with_small_buckets(config, _seeded(workload.make_model))

@@ -155,6 +155,10 @@ def parse_args(argv=None):
         action="store_true",
         help="ZeRO bucket, prefetch and optimizer sub-group sizes scaled to the model, so that a small "
         "model spans several, as a large one does (replaces the config's own)")
+    parser.add_argument("--zero-init",
+                        action="store_true",
+                        help="ZeRO-3: build the model under deepspeed.zero.Init, partitioned as it is built (as "
+                        "transformers builds a model for ZeRO-3); the fp64 reference is built whole")
     parser.add_argument("--ranks", type=int, default=1, help="ranks to launch when not under a launcher")
     parser.add_argument(
         "--restart",
@@ -298,6 +302,11 @@ def workload_factories(args):
     if args.items == "variable" and (args.hf_model or args.model or args.data):
         raise ValueError("--items variable checks the built-in model and data: not with --model, --data or "
                          "--hf-model (their loss decides the items)")
+    if args.hf_model and args.zero_init:
+        # transformers initialises and loads a model built under zero.Init right only through its own DeepSpeed
+        # integration; built under the checker's, the model would not be the reference's.
+        raise ValueError("--hf-model and --zero-init: not yet (transformers builds a ZeRO-3 model under its own "
+                         "DeepSpeed integration); --model with your factory takes --zero-init")
     if args.hf_model and args.pipeline_stages:
         raise ValueError("--hf-model and --pipeline-stages: a Hugging Face model is not a PipelineModule")
     if args.sequence_parallel and (args.hf_model or args.model or args.data or args.pipeline_stages):
@@ -419,7 +428,7 @@ def main(argv=None):
             progress = Progress(len(splits), enabled=rank0 and not args.quiet)
             check = run_check(
                 make_plan(config, make_model, splits, args.steps, args.pipeline_stages, args.loop, data, loss_fn,
-                          args.reference, progress, args.items, args.small_buckets, restart, sequence))
+                          args.reference, progress, args.items, args.small_buckets, restart, sequence, args.zero_init))
         except (ValueError, DeepSpeedConfigError) as err:
             # Bad input, or a config the engine refuses only once it builds the model or the optimizer: every rank
             # raises the same; one line says it.

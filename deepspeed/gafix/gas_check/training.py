@@ -81,7 +81,8 @@ class SplitTraining:
         self.sequence = sequence
         stages = workload.pipeline_stages
         self.engine_micro, self.engine_gas = (micro * gas, 1) if grouped else (micro, gas)
-        model = _seeded(workload.make_model)
+        engine_config = split_config(config, self.engine_micro, self.engine_gas)
+        model = _seeded(workload.make_model, zero_init_config=engine_config if workload.zero_init else None)
         if config["optimizer"].get("type", "").lower() == "muon":
             tag_muon_parameters(model)
         trainable = _trainable(model, stages)
@@ -89,8 +90,11 @@ class SplitTraining:
             self.reference_model, self.reference_loss = (_pipeline_reference(model) if with_reference else
                                                          (None, None))
         else:
-            # A copy taken before the engine casts or partitions the model (ZeRO-3 empties its parameters).
-            self.reference_model = copy.deepcopy(model) if with_reference else None
+            # A copy taken before the engine casts or partitions the model (ZeRO-3 empties its parameters); under
+            # zero.Init it is partitioned already: the reference is built again, whole, from the same seed.
+            self.reference_model = None
+            if with_reference:
+                self.reference_model = _seeded(workload.make_model) if workload.zero_init else copy.deepcopy(model)
             if self.reference_model is not None:
                 copy_muon_tags(model, self.reference_model)
             self.reference_loss = workload.loss_fn
@@ -103,7 +107,7 @@ class SplitTraining:
         # The engine only: the optimizer and the rest it returns would outlive it in this object.
         self.engine = deepspeed.initialize(model=model,
                                            model_parameters=[p for p in model.parameters() if p.requires_grad],
-                                           config=split_config(config, self.engine_micro, self.engine_gas),
+                                           config=engine_config,
                                            mpu=mpu)[0]
         if config.get("compile", {}).get("deepcompile"):
             # DeepCompile replaces the engine's gradient hooks only once the engine is compiled, as a training
@@ -227,10 +231,15 @@ class SplitTraining:
         return [value / dist.get_world_size() for value in sum_over_ranks(losses)]
 
 
-def _seeded(make_model):
-    """Build a model under the fixed seed: every rank and every split starts from the same weights."""
+def _seeded(make_model, zero_init_config=None):
+    """Build a model under the fixed seed: every rank and every split starts from the same weights. With
+    ``zero_init_config``, under ``deepspeed.zero.Init`` for that config: each parameter is initialised whole, then
+    partitioned."""
     torch.manual_seed(SEED)
-    return make_model()
+    if zero_init_config is None:
+        return make_model()
+    with deepspeed.zero.Init(config_dict_or_path=zero_init_config):
+        return make_model()
 
 
 class LayerChain(torch.nn.Module):
@@ -291,7 +300,8 @@ def _trainable_count(workload):
 def _trainable(model, stages):
     """Trainable parameters of the whole model: a pipeline stage's module holds its own layers only, and each of
     the stage's data-parallel ranks counts them (a collective with ``stages``)."""
-    count = float(sum(p.numel() for p in model.parameters() if p.requires_grad))
+    # ds_numel: a parameter built under zero.Init holds only its partition
+    count = float(sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters() if p.requires_grad))
     if stages:
         return sum_over_ranks([count])[0] / (dist.get_world_size() // stages)
     return count
