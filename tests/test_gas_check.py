@@ -49,7 +49,7 @@ ENGINE_SURFACE = [
     "zero2_fp16_auto_cast", "zero2_bf16_no_overflow_check_clip", "zero2_offload_fp16_master_adam_clip",
     "zero3_offload_fp32_partial_ratio", "pipe2_fp32_checkpointed_clip", "pipe2_fp32_non_reentrant_checkpointed_clip",
     "zero3_fp32_hybrid_engine_clip", "zero2_bf16_hybrid_engine_clip", "zero3_fp32_zero_init_clip",
-    "zero3_bf16_zero_init_torch_linear_clip", "zero3_fp32_zero_init_module_apply_clip"
+    "zero3_bf16_zero_init_torch_linear_clip", "zero3_fp32_zero_init_module_apply_clip", "zero3_fp32_qgz_one_node_clip"
 ]
 MUST_PASS += ENGINE_SURFACE
 
@@ -72,10 +72,11 @@ SLOW_CASES += ["zero2_offload_fp32_muon_clip", "zero2_offload_fp32_adagrad_clip"
 # --small-buckets: CI runs ZeRO-3 (prefetch, persistence, sub-groups); ZeRO-1/2 and the bucket-bug control slow.
 SLOW_CASES += ["zero2_fp32_small_buckets"]
 # The engine-surface cases: CI keeps round robin on ZeRO-2 (0.19.8's failure), parameter offload on ZeRO-3, the
-# two the check once failed on a right engine (torch autocast's bf16 rounding, a learning-rate schedule), and a
-# torch scheduler from the config under ZeRO-2 (0.19.8's engine raised TypeError building it).
+# two the check once failed on a right engine (torch autocast's bf16 rounding, a learning-rate schedule), a
+# torch scheduler from the config under ZeRO-2 (0.19.8's engine raised TypeError building it), and a model built
+# under zero.Init and initialised through Module.apply (0.19.8's apply returned None: patch 0053).
 CI_ENGINE_SURFACE = ("zero2_fp32_round_robin", "zero3_offload_param_fp32", "zero2_autocast_bf16",
-                     "zero2_fp32_warmup_lr", "zero1_bf16_master_adam_clip")
+                     "zero2_fp32_warmup_lr", "zero1_bf16_master_adam_clip", "zero3_fp32_zero_init_module_apply_clip")
 SLOW_CASES += [case for case in ENGINE_SURFACE if case not in CI_ENGINE_SURFACE]
 
 # The cases each test of the 2-rank launch without a ``case`` parameter reads by name.

@@ -37,6 +37,9 @@ from helpers.small_model import (
 GLOBAL_BATCH, TP = 8, 2
 LR, CLIP = 0.1, 1.0
 COLUMN, ROW = 0, 2  # indices in make_layers()
+# With tp_overlap_comm the last two linears are split instead, so that the column-parallel layer's input gradient (the
+# all-reduce it overlaps) reaches a layer before it.
+OVERLAP_COLUMN, OVERLAP_ROW = 2, 4
 PATHS = {"zero0_fp32": 0, "zero1_fp32": 1, "zero2_fp32": 2}
 # "loss_normalization": "per_item" (path + PER_ITEM): each sample holds this many items (its squared
 # error counted once per item); every TP rank of a data-parallel rank counts the same micro-batch.
@@ -63,6 +66,10 @@ CHECKPOINTING = {
     },
 }
 
+# tensor_parallel.tp_overlap_comm (path + this): the column-parallel layer's backward all-reduces its input gradient
+# while it computes its weight gradient (layers OVERLAP_COLUMN, OVERLAP_ROW split).
+OVERLAP = "_tp_overlap"
+
 
 class CheckpointedMLP(torch.nn.Sequential):
     """make_layers()'s MLP with its TP block (column, tanh, row, tanh) and, unless ``first_only``, its last linear run
@@ -78,7 +85,7 @@ class CheckpointedMLP(torch.nn.Sequential):
         return self[4](x) if self.first_only else deepspeed.checkpointing.checkpoint(self[4], x)
 
 
-def config(stage, micro, gas, per_item=False, checkpointing=None):
+def config(stage, micro, gas, per_item=False, checkpointing=None, overlap=False):
     return {
         **({
             "activation_checkpointing": checkpointing
@@ -93,6 +100,7 @@ def config(stage, micro, gas, per_item=False, checkpointing=None):
         # Layers are split by hand below; AutoTP's own pattern matching is told to leave them.
         "tensor_parallel": {
             "autotp_size": TP,
+            "tp_overlap_comm": overlap,
             "partition_config": {
                 "use_default_specs": False,
                 "layer_specs": [{
@@ -104,12 +112,12 @@ def config(stage, micro, gas, per_item=False, checkpointing=None):
     }
 
 
-def shard(name, tensor, tp_rank):
+def shard(name, tensor, tp_rank, column=COLUMN, row=ROW):
     """This TP rank's part of the unsplit model's ``name`` (a parameter name of the Sequential)."""
     index, kind = int(name.split(".")[0]), name.split(".")[1]
-    if index == COLUMN:
+    if index == column:
         return tensor.chunk(TP, dim=0)[tp_rank]
-    if index == ROW and kind == "weight":
+    if index == row and kind == "weight":
         return tensor.chunk(TP, dim=1)[tp_rank]
     return tensor
 
@@ -119,10 +127,12 @@ def case(path, micro, gas):
     def run():
         from deepspeed.module_inject.layers import LinearAllreduce, LinearLayer
         from deepspeed.utils import groups, safe_get_full_fp32_param
-        checkpointing = next((suffix for suffix in CHECKPOINTING if path.endswith(suffix)), "")
-        per_item = path.removesuffix(checkpointing).endswith(PER_ITEM)
-        stage = PATHS[path.removesuffix(checkpointing).removesuffix(PER_ITEM)]
-        cfg = config(stage, micro, gas, per_item, CHECKPOINTING.get(checkpointing))
+        overlap = path.endswith(OVERLAP)
+        base = path.removesuffix(OVERLAP)
+        checkpointing = next((suffix for suffix in CHECKPOINTING if base.endswith(suffix)), "")
+        per_item = base.removesuffix(checkpointing).endswith(PER_ITEM)
+        stage = PATHS[base.removesuffix(checkpointing).removesuffix(PER_ITEM)]
+        cfg = config(stage, micro, gas, per_item, CHECKPOINTING.get(checkpointing), overlap)
         layers = make_layers()
         reference = torch.nn.Sequential(*copy.deepcopy(layers)).double()
         if checkpointing:
@@ -133,8 +143,9 @@ def case(path, micro, gas):
         warmup = torch.nn.Linear(4, 4)
         deepspeed.initialize(model=warmup, model_parameters=warmup.parameters(), config=cfg)[0].destroy()
         group = groups.get_tensor_model_parallel_group()
-        model[COLUMN] = LinearLayer(model[COLUMN], group)
-        model[ROW] = LinearAllreduce(model[ROW], group)
+        column, row = (OVERLAP_COLUMN, OVERLAP_ROW) if overlap else (COLUMN, ROW)
+        model[column] = LinearLayer(model[column], group)
+        model[row] = LinearAllreduce(model[row], group)
         engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
         if checkpointing:
             deepspeed.checkpointing.configure(groups, deepspeed_config=cfg)
@@ -170,8 +181,8 @@ def case(path, micro, gas):
         named = dict(reference.named_parameters())
         reference_norm = float(torch.linalg.vector_norm(torch.cat([p.grad.flatten() for p in named.values()])))
         coef = min(1.0, CLIP / (reference_norm + 1e-6))
-        before = [shard(n, named[n].detach(), tp_rank) for n in names]
-        expected = [shard(n, named[n].detach() - LR * coef * named[n].grad, tp_rank) for n in names]
+        before = [shard(n, named[n].detach(), tp_rank, column, row) for n in names]
+        expected = [shard(n, named[n].detach() - LR * coef * named[n].grad, tp_rank, column, row) for n in names]
         return {
             **step,
             "reference_norm": reference_norm,
@@ -191,4 +202,5 @@ def splits(world):
 if __name__ == "__main__":
     world = int(os.environ.get("WORLD_SIZE", "2"))
     paths = list(PATHS) + [path + PER_ITEM for path in PATHS] + [path + c for path in PATHS for c in CHECKPOINTING]
+    paths += [path + OVERLAP for path in PATHS]
     run_cases({f"{path}_m{m}_g{g}": case(path, m, g) for path in paths for m, g in splits(world)})

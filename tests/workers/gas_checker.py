@@ -447,6 +447,9 @@ CONFIGS.update({
     "zero2_bf16_hybrid_engine_clip": zero_with(2, {}, **HYBRID_ENGINE, **BF16, **CLIPPED_SGD),
 })
 
+# ZeRO++'s quantized gradients (qgZ) quantize only between nodes: on one node ZeRO-3 reduce-scatters them whole.
+CONFIGS["zero3_fp32_qgz_one_node_clip"] = zero_with(3, {"zero_quantized_gradients": True}, **CLIPPED_SGD)
+
 CASES = {name: (lambda config=config: check(config)) for name, config in CONFIGS.items()}
 
 
