@@ -49,7 +49,8 @@ ENGINE_SURFACE = [
     "zero2_fp16_auto_cast", "zero2_bf16_no_overflow_check_clip", "zero2_offload_fp16_master_adam_clip",
     "zero3_offload_fp32_partial_ratio", "pipe2_fp32_checkpointed_clip", "pipe2_fp32_non_reentrant_checkpointed_clip",
     "zero3_fp32_hybrid_engine_clip", "zero2_bf16_hybrid_engine_clip", "zero3_fp32_zero_init_clip",
-    "zero3_bf16_zero_init_torch_linear_clip", "zero3_fp32_zero_init_module_apply_clip", "zero3_fp32_qgz_one_node_clip"
+    "zero3_bf16_zero_init_torch_linear_clip", "zero3_fp32_zero_init_module_apply_clip", "zero3_fp32_qgz_one_node_clip",
+    "zero3_fp32_zero_init_muon_clip"
 ]
 MUST_PASS += ENGINE_SURFACE
 

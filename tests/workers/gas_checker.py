@@ -564,10 +564,11 @@ def initialised_by_apply():
 
 
 # Its linear layers through ZeRO-3's linear function (small buckets: several fetches) or torch's; a model initialised
-# through Module.apply.
+# through Module.apply; Muon, whose matrices the check knows by their layer's shape (a zero.Init parameter is 1-D).
 CASES["zero3_fp32_zero_init_module_apply_clip"] = lambda: zero_init(zero(3, **CLIPPED_SGD),
                                                                     make_model=initialised_by_apply)
 CASES["zero3_fp32_zero_init_clip"] = lambda: zero_init(zero(3, **CLIPPED_SGD), small_buckets=True)
+CASES["zero3_fp32_zero_init_muon_clip"] = lambda: zero_init(zero_muon(3))
 CASES["zero3_bf16_zero_init_torch_linear_clip"] = lambda: zero_init(
     zero_with(3, {"memory_efficient_linear": False}, **BF16, **CLIPPED_SGD))
 CASES["zero2_fp32_caller_divides"] = lambda: with_backward(divides_itself, CONFIGS["zero2_fp32"])

@@ -14,8 +14,9 @@ NS_COEFFICIENTS, NS_STEPS, NS_EPS = (3.4445, -4.7750, 2.0315), 5, 1e-7
 
 
 def is_muon_parameter(param):
-    """DeepSpeed's Muon orthogonalizes the parameters tagged ``use_muon``; untagged, the matrices."""
-    return getattr(param, "use_muon", param.ndim >= 2)
+    """DeepSpeed's Muon orthogonalizes the parameters tagged ``use_muon``; untagged, the matrices (by the layer's
+    shape: a parameter built under zero.Init holds a 1-D partition)."""
+    return getattr(param, "use_muon", len(getattr(param, "ds_shape", param.shape)) >= 2)
 
 
 def tag_muon_parameters(model):
