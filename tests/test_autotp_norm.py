@@ -35,7 +35,7 @@ CHECKPOINTING = ["_ckpt_partitioned", "_ckpt_partitioned_cpu", "_ckpt_partitione
 CHECKPOINTED_CASES = [(ranks, f"{path}{c}_m{m}_g{g}") for ranks in SPLITS for path in PATHS for c in CHECKPOINTING
                       for m, g in SPLITS[ranks]]
 ALL_CASES += CHECKPOINTED_CASES
-# tensor_parallel.tp_overlap_comm: the column-parallel input gradient all-reduced while the weight gradient is computed.
+# tensor_parallel.tp_overlap_comm: the column-parallel input gradient all-reduced as the weight gradient is computed.
 ALL_CASES += [(ranks, f"{path}_tp_overlap_m{m}_g{g}") for ranks in SPLITS for path in PATHS for m, g in SPLITS[ranks]]
 
 # Slow, 2 ranks too (with --run-slow): they establish paths where nothing was wrong, and CI keeps to

@@ -75,7 +75,7 @@ SLOW_CASES += ["zero2_fp32_small_buckets"]
 # The engine-surface cases: CI keeps round robin on ZeRO-2 (0.19.8's failure), parameter offload on ZeRO-3, the
 # two the check once failed on a right engine (torch autocast's bf16 rounding, a learning-rate schedule), a
 # torch scheduler from the config under ZeRO-2 (0.19.8's engine raised TypeError building it), and a model built
-# under zero.Init and initialised through Module.apply (0.19.8's apply returned None: patch 0053).
+# under zero.Init and initialised through Module.apply (0.19.8's apply returned None: patch 0052).
 CI_ENGINE_SURFACE = ("zero2_fp32_round_robin", "zero3_offload_param_fp32", "zero2_autocast_bf16",
                      "zero2_fp32_warmup_lr", "zero1_bf16_master_adam_clip", "zero3_fp32_zero_init_module_apply_clip")
 SLOW_CASES += [case for case in ENGINE_SURFACE if case not in CI_ENGINE_SURFACE]

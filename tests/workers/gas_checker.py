@@ -554,7 +554,7 @@ def initialised_by_apply():
     """The built-in model, its linear layers' weights initialised again through ``Module.apply`` once built (as
     transformers initialises weights a checkpoint lacks): under zero.Init the weights are partitioned by then, and
     zero.Init gathers them for ``apply`` (``override_module_apply``, the default). 0.19.8's apply returned None
-    there (patch 0053)."""
+    there (patch 0052)."""
 
     def init_weights(module):
         if isinstance(module, torch.nn.Linear):

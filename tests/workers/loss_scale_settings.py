@@ -27,8 +27,9 @@ STEPS = 8
 POISONED = (1, 2, 4)
 PER_RANK = 8
 SPLITS = ((8, 1), (2, 4))
-# Every overflow halves the scale only once the hysteresis is used up; the scale grows after loss_scale_window clean
-# steps; it never falls below min_loss_scale (held there at the third overflow without consecutive_hysteresis).
+# Under ZeRO an overflow halves the scale only once the hysteresis is used up (without ZeRO at every overflow); the
+# scale grows after loss_scale_window clean steps; it never falls below min_loss_scale (held there at the third
+# overflow without consecutive_hysteresis).
 SETTINGS = {
     "hysteresis": {
         "hysteresis": 2,

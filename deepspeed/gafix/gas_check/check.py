@@ -410,8 +410,8 @@ def check_gas_invariance(config,
     per_item losses, with the first split), "auto" (False when REFERENCE_BYTES_PER_PARAMETER per parameter exceed
     REFERENCE_LIMIT_BYTES). ``loop``: the training loop's style (see ``SplitTraining``). ``small_buckets``: ZeRO's
     bucket, prefetch and sub-group sizes scaled to the model, so that it spans several (buckets.py). ``sequence``
-    (sequence.SequenceParallel): Ulysses sequence parallelism on the built-in self-attention model. ``zero_init``: build
-    the engine's model under ``deepspeed.zero.Init`` (ZeRO-3), as transformers builds a model for ZeRO-3.
+    (sequence.SequenceParallel): Ulysses sequence parallelism on the built-in self-attention model. ``zero_init``:
+    build the engine's model under ``deepspeed.zero.Init`` (ZeRO-3), as transformers builds a model for ZeRO-3.
 
     Call on every rank of an initialized deepspeed.comm. Every split must cover the same per-rank
     batch (micro x gas), so that the global batch is the same.
