@@ -270,13 +270,9 @@ CONFIGS.update({
 # tests/test_gas_check.py checks.
 NVME_PATH = os.path.join(tempfile.gettempdir(), f"ds_gas_check_nvme_{os.getpid()}")
 atexit.register(shutil.rmtree, NVME_PATH, ignore_errors=True)
+NVME_OPTIMIZER = {"device": "nvme", "nvme_path": NVME_PATH, "pipeline_read": True, "pipeline_write": True}
 CONFIGS["zero3_nvme_offload_fp32"] = zero_with(3, {
-    "offload_optimizer": {
-        "device": "nvme",
-        "nvme_path": NVME_PATH,
-        "pipeline_read": True,
-        "pipeline_write": True
-    },
+    "offload_optimizer": NVME_OPTIMIZER,
     "offload_param": {
         "device": "nvme",
         "nvme_path": NVME_PATH
@@ -414,7 +410,6 @@ CONFIGS.update({
 # ZeRO-3's optimizer offload in more shapes: NVMe with more swap buffers than the default and fast initialisation,
 # a partial offload (half the sub-groups stepped on the CPU by DeepSpeed's CPU Adam, the rest by the device's Adam:
 # small buckets give the model several sub-groups), and Muon with its momentum kept in memory under NVMe offload.
-NVME_OPTIMIZER = {"device": "nvme", "nvme_path": NVME_PATH, "pipeline_read": True, "pipeline_write": True}
 CONFIGS.update({
     "zero3_nvme_offload_fp32_buffers":
     zero_with(

@@ -20,6 +20,7 @@ sys.path.insert(0, str(HERE.parent))
 import deepspeed  # noqa: E402
 import deepspeed.comm as dist  # noqa: E402
 
+from helpers.master_weights import zero_master_weights  # noqa: E402
 from helpers.rank_cases import force_fp16_on_cpu, run_cases  # noqa: E402
 from helpers.small_model import global_batch, make_layers, mse, rank_share  # noqa: E402
 
@@ -69,22 +70,6 @@ def config(stage, settings, micro, gas):
     }
 
 
-def weights_of(engine):
-    """The weights the optimizer updates (ZeRO's fp32 master weights, gathered; without ZeRO the fp16 ones)."""
-    from deepspeed.utils import safe_get_full_fp32_param
-    weights = {}
-    for name, param in engine.module.named_parameters():
-        full = safe_get_full_fp32_param(param)
-        weights[name] = (param if full is None else full).detach().double().flatten().tolist()
-    return weights
-
-
-def loss_scale(engine):
-    optimizer = engine.optimizer
-    scaler = getattr(optimizer, "loss_scale_config", None) or optimizer.loss_scaler
-    return float(scaler.cur_scale)
-
-
 def train(stage, settings, micro, gas, steps):
     """Train ``steps`` (step indices: the data of step i is the same whichever steps run); return the loss scale
     after each, the skipped-step count and the master weights."""
@@ -103,8 +88,8 @@ def train(stage, settings, micro, gas, steps):
                 loss = loss * float("inf")
             engine.backward(loss)
             engine.step()
-        scales.append(loss_scale(engine))
-    weights = weights_of(engine)
+        scales.append(float(engine.optimizer.loss_scale))
+    weights = {name: w.flatten().tolist() for name, w in zero_master_weights(engine).items()}
     result = {"scales": scales, "skipped": engine.skipped_steps, "global_steps": engine.global_steps}
     engine.destroy()
     return result, weights
@@ -134,7 +119,7 @@ def floor_overflow(stage):
             loss = mse(engine(inputs.to(engine.device, torch.half)), targets.to(engine.device))
             engine.backward(loss * float("inf") if dist.get_rank() == 1 else loss)
             engine.step()
-            scales.append(loss_scale(engine))
+            scales.append(float(engine.optimizer.loss_scale))
         outcome = "stepped"
     except Exception as error:  # the engine's own exception at the floor
         outcome = f"{type(error).__name__}: {error}"

@@ -24,6 +24,7 @@ import torch  # noqa: E402
 import deepspeed  # noqa: E402
 import deepspeed.comm as dist  # noqa: E402
 from helpers.collectives import CollectiveCounter  # noqa: E402
+from helpers.master_weights import zero_master_weights  # noqa: E402
 from helpers.rank_cases import run_cases  # noqa: E402
 from helpers.small_model import global_batch, make_layers, micro_batches, mse, rank_share  # noqa: E402
 
@@ -124,16 +125,6 @@ class Reference:
         return [p.detach().clone() for p in self.model.parameters()]
 
 
-def master_weights(engine):
-    """The fp32 weights the optimizer updates (the master copy under bf16 or ZeRO), in fp64."""
-    from deepspeed.utils import safe_get_full_fp32_param
-    weights = []
-    for p in engine.module.parameters():
-        full = safe_get_full_fp32_param(p)
-        weights.append((p if full is None else full).detach().cpu().double().clone())
-    return weights
-
-
 def engine_config(kind, params, micro, gas, stage, offload, dtype, clip):
     optimizer = {"type": kind, "params": dict(params)}
     config = {
@@ -175,7 +166,7 @@ def train(kind, params, micro, gas, stage, offload, dtype, clip):
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
     reference = Reference(layers, kind, params)
     ranks, rank = dist.get_world_size(), dist.get_rank()
-    before = master_weights(engine)
+    before = list(zero_master_weights(engine).values())
     input_dtype = next(engine.module.parameters()).dtype
     norms, reference_norms, coefs, collectives = [], [], [], []
     for step in range(STEPS):
@@ -191,7 +182,7 @@ def train(kind, params, micro, gas, stage, offload, dtype, clip):
         reference_norm, coef = reference.step(inputs, targets, clip)
         reference_norms.append(reference_norm)
         coefs.append(coef)
-    after = master_weights(engine)
+    after = list(zero_master_weights(engine).values())
     engine.destroy()
     expected = [w - w0 for w, w0 in zip(reference.weights(), [p.detach().double() for p in layers_params(layers)])]
     observed = [w - w0 for w, w0 in zip(after, before)]
