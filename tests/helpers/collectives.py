@@ -74,3 +74,23 @@ def train_step_counting_collectives(engine, losses):
         "collectives_in_other_steps": counts[:-1],
         "norm": None if norm is None else float(norm),
     }
+
+
+def pipeline_batch_counting_collectives(engine, batches):
+    """One ``engine.train_batch()`` of a PipelineEngine over ``batches`` (its micro-batches), the reducing collectives
+    of its model step counted (``_take_model_step``, where the norm and the overflow check run; the pipeline's own
+    sends and gradient reduction are not). Returns them as ``train_step_counting_collectives`` does."""
+    counts, take_model_step = [], engine._take_model_step
+
+    def counted_model_step(*args, **kwargs):
+        with CollectiveCounter() as counter:
+            take_model_step(*args, **kwargs)
+        counts.append(len(counter.calls))
+
+    engine._take_model_step = counted_model_step
+    try:
+        engine.train_batch(data_iter=iter(batches))
+    finally:
+        del engine._take_model_step
+    norm = engine.get_global_grad_norm()
+    return {"collectives_in_boundary_step": counts[-1], "norm": None if norm is None else float(norm)}

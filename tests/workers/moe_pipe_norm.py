@@ -21,7 +21,7 @@ import torch  # noqa: E402
 
 import deepspeed  # noqa: E402
 import deepspeed.comm as dist  # noqa: E402
-from helpers.collectives import CollectiveCounter  # noqa: E402
+from helpers.collectives import pipeline_batch_counting_collectives  # noqa: E402
 from helpers.engine_paths import BF16, FP16, relative_update_error  # noqa: E402
 from helpers.moe_model import forget_expert_groups, linear, top1_moe  # noqa: E402
 from helpers.rank_cases import force_fp16_on_cpu, run_cases  # noqa: E402
@@ -153,27 +153,17 @@ def case(path, micro, gas):
         before = {name: p.detach().double().clone() for name, p in engine.module.named_parameters()}
         x, y = rank_share(inputs, targets, engine.grid.get_data_parallel_id(), micro * gas)
         # The optimizer step runs inside train_batch(): count the collectives of its model step only.
-        counts, take_model_step = [], engine._take_model_step
-
-        def counted_model_step(*args, **kwargs):
-            with CollectiveCounter() as counter:
-                take_model_step(*args, **kwargs)
-            counts.append(len(counter.calls))
-
-        engine._take_model_step = counted_model_step
-        engine.train_batch(data_iter=iter(micro_batches(x, y, micro, gas, dtype=dtype)))
-        norm = engine.get_global_grad_norm()
+        step = pipeline_batch_counting_collectives(engine, micro_batches(x, y, micro, gas, dtype=dtype))
         after = {name: p.detach().double() for name, p in engine.module.named_parameters()}
         engine.destroy()
         names = sorted(before)
         expected = {n: (before[n] - LR * coef * grads[reference_name(n)]).to(dtype).double() for n in names}
         return {
+            **step,
             "stage": engine.stage_id,
-            "norm": None if norm is None else float(norm),
             "reference_norm": reference_norm,
             "clip_coefficient": coef,
             "update_error": relative_update_error(*([d[n] for n in names] for d in (after, expected, before))),
-            "collectives_in_boundary_step": counts[-1],
         }
 
     return run
