@@ -50,7 +50,8 @@ ENGINE_SURFACE = [
     "zero3_offload_fp32_partial_ratio", "pipe2_fp32_checkpointed_clip", "pipe2_fp32_non_reentrant_checkpointed_clip",
     "zero3_fp32_hybrid_engine_clip", "zero2_bf16_hybrid_engine_clip", "zero3_fp32_zero_init_clip",
     "zero3_bf16_zero_init_torch_linear_clip", "zero3_fp32_zero_init_module_apply_clip", "zero3_fp32_qgz_one_node_clip",
-    "zero3_fp32_zero_init_muon_clip"
+    "zero3_fp32_zero_init_muon_clip", "zero1_fp32_compiled_clip", "zero2_bf16_compiled_clip",
+    "zero3_fp32_compiled_clip", "zero0_fp16_compiled"
 ]
 MUST_PASS += ENGINE_SURFACE
 

@@ -311,7 +311,7 @@ def checks():
               judge=judge_step_counts,
               options={"benchmarks/step_counts.py": ["--fork-python", "--pristine-python", "--json"]}),
         Check("upstream-gpu-tier",
-              "upstream's half_precision tests and the patch tier on the GPU, fork vs pristine",
+              "upstream's half_precision and hybrid_engine tests and the patch tier on the GPU, fork vs pristine",
               "tools/run-upstream-suite exits 0 (no regression)", [
                   py, "tools/run-upstream-suite", "--tier", "gpu", "--local-size", "0", "--tests", "{tests}",
                   "--fork-python", "{fork}", "--pristine-python", "{pristine}", "--work-dir", "{out}/upstream-gpu",

@@ -23,6 +23,8 @@ _SHARED = dict(vocab_size=VOCAB_SIZE,
 CONFIGS = {
     "llama": dict(_SHARED, model_type="llama", tie_word_embeddings=False),
     "qwen3": dict(_SHARED, model_type="qwen3", head_dim=8, tie_word_embeddings=True),
+    # No DeepSpeed inference policy matches Mistral: the hybrid engine generates on the model's own path.
+    "mistral": dict(_SHARED, model_type="mistral", head_dim=8, tie_word_embeddings=False),
 }
 
 

@@ -20,6 +20,9 @@ Layouts, one per launch (AutoEP and AutoTP build their process groups once per p
 - ``hf_ep2``, ``hf_ep2_tp2``: a Hugging Face ``MixtralForCausalLM`` (``helpers.autoep_hf_model``: 2 decoder
   layers, attention, RMSNorms, embeddings; its causal-LM loss) instead of the small network, as ``ep2`` and
   ``ep2_tp2``.
+- ``hf_ep2_compiled``: as ``hf_ep2``, the engine compiled around the experts (``"compile": {"autoep_non_moe":
+  true}``, then ``engine.compile()``: torch.compile of the decoder layers that hold AutoEP's layers, those eager), as
+  a training script that compiles does (not on ZeRO-3: refused there).
 
 Case names are ``<path>_m<micro>_g<gas>``; the layout is the worker's argument (``--layout``).
 """
@@ -104,7 +107,11 @@ LAYOUTS = {
     "ep2_tp2_split": (SmallNet(dense_pair=True), 2),
     "hf_ep2": (HFMixtral(), 1),
     "hf_ep2_tp2": (HFMixtral(), 2),
+    "hf_ep2_compiled": (HFMixtral(), 1),
 }
+# Layouts whose engine is compiled around the experts (compile.autoep_non_moe, then engine.compile()).
+# The small network holds its MoE block in a container with no forward of its own, which the option refuses.
+COMPILED = {"hf_ep2_compiled"}
 SPLIT_SPECS = [{
     "patterns": [".*pre_up\\.weight$"],
     "partition_type": "column"
@@ -122,6 +129,8 @@ def config(layout, path, micro, gas):
     cfg.update(extra)
     cfg["zero_optimization"] = {"stage": stage}
     cfg["expert_parallel"] = {"enabled": True, "autoep_size": EP, "preset_model": "mixtral", "use_grouped_mm": False}
+    if layout in COMPILED:
+        cfg["compile"] = {"autoep_non_moe": True}
     if LAYOUTS[layout][1] > 1:
         skip_the_rest = [{"patterns": [".*\\.weight$"], "partition_type": "skip"}]
         specs = (SPLIT_SPECS if getattr(model, "dense_pair", False) else []) + skip_the_rest
@@ -143,11 +152,21 @@ def whole_layout(engine, blocks):
         return original_layout(engine.module, blocks)
 
 
+def compile_around_experts(engine):
+    """``engine.compile()`` under compile.autoep_non_moe: torch.compile of the modules holding AutoEP's layers, the
+    layers themselves eager; fails unless it compiled some."""
+    engine.compile()
+    if not engine._compiled_regions:
+        raise RuntimeError("compile.autoep_non_moe: engine.compile() compiled no region")
+
+
 def case(layout, path, micro, gas):
 
     def run():
         model, tp = LAYOUTS[layout]
         engine, *_ = deepspeed.initialize(model=model.build(), config=config(layout, path, micro, gas))
+        if layout in COMPILED:
+            compile_around_experts(engine)
         dtype = next(engine.module.parameters()).dtype
         inputs, targets = model.batch()
         inputs = model.as_the_engine_sees(inputs, dtype)  # the reference too

@@ -566,6 +566,25 @@ CASES["zero3_fp32_zero_init_clip"] = lambda: zero_init(zero(3, **CLIPPED_SGD), s
 CASES["zero3_fp32_zero_init_muon_clip"] = lambda: zero_init(zero_muon(3))
 CASES["zero3_bf16_zero_init_torch_linear_clip"] = lambda: zero_init(
     zero_with(3, {"memory_efficient_linear": False}, **BF16, **CLIPPED_SGD))
+
+
+def compiled(config, **kwargs):
+    """The engine compiled (``engine.compile()``: torch.compile of the model with the accelerator's backend, inductor
+    on a CPU) before it trains, as a script that calls it does; fails unless torch.compile compiled a frame of the
+    model (the built-in model has a forward of its own for it)."""
+    from torch._dynamo.convert_frame import FRAME_COMPILE_COUNTER
+    before = sum(FRAME_COMPILE_COUNTER.values())
+    rows = check(config, compiled=True, **kwargs)
+    if sum(FRAME_COMPILE_COUNTER.values()) == before:
+        raise RuntimeError("engine.compile(): torch.compile compiled no frame; the check ran eager")
+    return rows
+
+
+# ZeRO's gradient hooks (ZeRO-3's parameter fetches too) on a compiled module.
+CASES["zero1_fp32_compiled_clip"] = lambda: compiled(zero(1, **CLIPPED_SGD))
+CASES["zero2_bf16_compiled_clip"] = lambda: compiled(zero(2, **BF16, **CLIPPED_SGD))
+CASES["zero3_fp32_compiled_clip"] = lambda: compiled(zero(3, **CLIPPED_SGD), small_buckets=True)
+CASES["zero0_fp16_compiled"] = lambda: compiled(zero(0, **NO_CLIP, **SGD, **FP16_DYNAMIC))
 CASES["zero2_fp32_caller_divides"] = lambda: with_backward(divides_itself, CONFIGS["zero2_fp32"])
 CASES["zero1_fp32_boundary_loop"] = lambda: check(CONFIGS["zero1_fp32"], loop="boundary")
 CASES["zero3_bf16_boundary_loop"] = lambda: check(zero(3, **NO_CLIP, **SGD, **BF16), loop="boundary")

@@ -6,7 +6,8 @@
 - ``patch``: the upstream test files that exercise what each patch of patches/series touches; run by
   the test suite (CI) on the fork against a recorded pristine baseline.
 - ``full``: every unit-test directory that can run on a CPU; hours on 2 cores, resumable.
-- ``gpu``: fp16 (half_precision/) and the CUDA-only tests of the patch tier, for a GPU machine.
+- ``gpu``: fp16 (half_precision/), the hybrid engine's inference layers (hybrid_engine/) and the CUDA-only tests of
+  the patch tier, for a GPU machine.
 """
 
 from dataclasses import dataclass
@@ -53,7 +54,8 @@ GPU_ONLY_DIRS = (
     "unit/module_inject",
 )
 
-GPU_TIER_DIRS = ("unit/runtime/half_precision", "unit/v1/half_precision")
+# fp16, and the hybrid engine's inference layers (the engine-surface map's GPU-only hybrid_engine settings).
+GPU_TIER_DIRS = ("unit/runtime/half_precision", "unit/v1/half_precision", "unit/hybrid_engine")
 
 
 def test_files(tests_dir, under="unit"):

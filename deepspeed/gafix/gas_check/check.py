@@ -55,6 +55,9 @@ class Workload:
     uniform_items: bool = False
     # The engine's model built under deepspeed.zero.Init (ZeRO-3's partitioned construction), the reference's not.
     zero_init: bool = False
+    # The engine compiled (engine.compile(): torch.compile, DeepCompile with compile.deepcompile) before it trains,
+    # as a training script that calls it; the reference runs eager.
+    compiled: bool = False
 
 
 @dataclass(frozen=True)
@@ -395,7 +398,8 @@ def check_gas_invariance(config,
                          items="fixed",
                          small_buckets=False,
                          sequence=None,
-                         zero_init=False):
+                         zero_init=False,
+                         compiled=False):
     """Train ``config`` under each per-rank ``(micro, gas)`` split; return one SplitResult per split (run_check's
     results).
 
@@ -412,13 +416,14 @@ def check_gas_invariance(config,
     bucket, prefetch and sub-group sizes scaled to the model, so that it spans several (buckets.py). ``sequence``
     (sequence.SequenceParallel): Ulysses sequence parallelism on the built-in self-attention model. ``zero_init``:
     build the engine's model under ``deepspeed.zero.Init`` (ZeRO-3), as transformers builds a model for ZeRO-3.
+    ``compiled``: compile the engine (``engine.compile()``) before it trains, as a script that calls it does.
 
     Call on every rank of an initialized deepspeed.comm. Every split must cover the same per-rank
     batch (micro x gas), so that the global batch is the same.
     """
     restart = None  # the restart check runs through ds_gas_check --restart
     plan = make_plan(config, make_model, splits, steps, pipeline_stages, loop, data, loss_fn, reference, progress,
-                     items, small_buckets, restart, sequence, zero_init)
+                     items, small_buckets, restart, sequence, zero_init, compiled)
     return run_check(plan).results
 
 
@@ -464,7 +469,8 @@ def make_plan(config,
               small_buckets,
               restart=None,
               sequence=None,
-              zero_init=False):
+              zero_init=False,
+              compiled=False):
     """Validate the check's input and settle what its splits share. ``restart`` (restart.Restart): a launch of the
     restart check: the saving one trains the steps up to the save, the resuming one every step (it loads the rest)."""
     if len({micro * gas for micro, gas in splits}) != 1:
@@ -490,6 +496,10 @@ def make_plan(config,
         if pipeline_stages or sequence:
             raise ValueError("--zero-init: not with --pipeline-stages or --sequence-parallel")
         workload = replace(workload, zero_init=True)
+    if compiled or (config.get("compile") or {}).get("deepcompile"):
+        # DeepCompile replaces the engine's gradient hooks only once the engine is compiled, as a training script with
+        # this config compiles it: checked without, the config's own path would go untested.
+        workload = replace(workload, compiled=True)
     bucket_note = ""
     if small_buckets:
         config, bucket_note = with_small_buckets(config, _seeded(workload.make_model))

@@ -159,6 +159,11 @@ def parse_args(argv=None):
                         action="store_true",
                         help="ZeRO-3: build the model under deepspeed.zero.Init, partitioned as it is built (as "
                         "transformers builds a model for ZeRO-3); the fp64 reference is built whole")
+    parser.add_argument("--compile",
+                        action="store_true",
+                        help="compile the engine with engine.compile() before it trains, as a training script that "
+                        "calls it does (torch.compile of the model; with compile.autoep_non_moe, of the layers around "
+                        "AutoEP's experts); the fp64 reference runs eager")
     parser.add_argument("--ranks", type=int, default=1, help="ranks to launch when not under a launcher")
     parser.add_argument(
         "--restart",
@@ -428,7 +433,8 @@ def main(argv=None):
             progress = Progress(len(splits), enabled=rank0 and not args.quiet)
             check = run_check(
                 make_plan(config, make_model, splits, args.steps, args.pipeline_stages, args.loop, data, loss_fn,
-                          args.reference, progress, args.items, args.small_buckets, restart, sequence, args.zero_init))
+                          args.reference, progress, args.items, args.small_buckets, restart, sequence, args.zero_init,
+                          args.compile))
         except (ValueError, DeepSpeedConfigError) as err:
             # Bad input, or a config the engine refuses only once it builds the model or the optimizer: every rank
             # raises the same; one line says it.
@@ -454,6 +460,7 @@ def main(argv=None):
                 f"{sequence.title() + ', ' if sequence else ''}"
                 f"{'loss_normalization per_item, ' if config.get('loss_normalization') == 'per_item' else ''}"
                 f"{'variable items per sample, ' if args.items == 'variable' else ''}"
+                f"{'built under zero.Init, ' if args.zero_init else ''}{'engine compiled, ' if args.compile else ''}"
                 f"{len(results[0].norms)} steps" + (f", {restart_title(restart)}" if restart else ""))
             print("\n".join([format_results(results, title)] + [f"note: {n}" for n in notes]), flush=True)
             if args.json:

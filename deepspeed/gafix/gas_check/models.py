@@ -24,8 +24,19 @@ def builtin_layers():
     ]
 
 
+class BuiltinModel(torch.nn.Sequential):
+    """The built-in MLP: its layers in order, with a forward of its own. torch.compile compiles a model's own forward
+    and leaves torch's code to run eager, so a plain ``nn.Sequential`` of torch's layers would run eager under
+    ``engine.compile()`` (``--compile``); this one compiles, under the same parameter names."""
+
+    def forward(self, x):
+        for layer in self:
+            x = layer(x)
+        return x
+
+
 def builtin_model():
-    return torch.nn.Sequential(*builtin_layers())
+    return BuiltinModel(*builtin_layers())
 
 
 def attention(query, key, value, *args, **kwargs):

@@ -109,9 +109,7 @@ class SplitTraining:
                                            model_parameters=[p for p in model.parameters() if p.requires_grad],
                                            config=engine_config,
                                            mpu=mpu)[0]
-        if config.get("compile", {}).get("deepcompile"):
-            # DeepCompile replaces the engine's gradient hooks only once the engine is compiled, as a training
-            # script with this config compiles it: checked without, the config's own path would go untested.
+        if workload.compiled:
             self.engine.compile()
         self.dp_rank = self.engine.grid.get_data_parallel_id() if stages else dist.get_rank()
         self.dp_world = dist.get_world_size() // (stages or 1)
