@@ -1,0 +1,154 @@
+# SPDX-License-Identifier: Apache-2.0
+
+# DeepSpeed Team
+"""Rank worker: AutoTP sharding a Hugging Face model from the config alone (``tensor_parallel``), against fp64 PyTorch
+on the unsharded model: the grad norm and the weights after one step of a global batch of 8 at every micro-batch x
+GAS split, on 2 ranks (tensor parallel 2, data parallel 1).
+
+The models are the tests' tiny causal LMs (``hf_training.tiny_models``: Llama with an untied head, Qwen3 with its
+head tied to the embedding). Layouts, each a way a user asks AutoTP to shard:
+
+- ``llama_preset``: ``preset_model`` "llama" (attention's q/k/v and the MLP's gate/up column-parallel, o and down
+  row-parallel).
+- ``llama_partition_config``: the same sharding written as ``partition_config`` rules (regular expressions, no
+  default specs), with ``tp_grain_size`` 8.
+- ``llama_hf_tp_plan``: neither: AutoTP follows the model's own ``base_model_tp_plan`` from transformers.
+- ``llama_vocab_head``: ``preset_model`` "llama" and ``vocab_parallel_lm_head``: the LM head split over the
+  vocabulary, the loss over the split logits.
+- ``qwen3_tied_head``: ``preset_model`` "qwen3" on a head tied to the embedding (AutoTP chooses the vocabulary-
+  parallel head itself), ``keep_module_on_host``.
+
+Weights are compared gathered (``GatherReplacedLayerParams``). Case names ``<layout>_<path>_m<micro>_g<gas>``.
+"""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+import deepspeed  # noqa: E402
+from hf_training import tiny_models  # noqa: E402
+from helpers.autoep_hf_model import causal_lm_loss, global_batch  # noqa: E402
+from helpers.engine_paths import BF16, relative_update_error  # noqa: E402
+from helpers.rank_cases import run_cases  # noqa: E402
+from helpers.small_model import sgd_config  # noqa: E402
+
+GLOBAL_BATCH, TP = 8, 2
+LR, CLIP = 0.5, 1.0
+SPLITS = [(8, 1), (4, 2), (2, 4)]
+PATHS = {"zero0_fp32": (0, {}), "zero1_fp32": (1, {}), "zero2_bf16": (2, BF16)}  # path -> (ZeRO stage, extra config)
+COLUMN = ["q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"]
+ROW = ["o_proj", "down_proj"]
+PARTITION_CONFIG = {
+    "use_default_specs":
+    False,
+    "layer_specs": [{
+        "patterns": [f".*\\.{name}\\.weight$" for name in COLUMN],
+        "partition_type": "column"
+    }, {
+        "patterns": [f".*\\.{name}\\.weight$" for name in ROW],
+        "partition_type": "row"
+    }],
+}
+# layout -> (model, tensor_parallel settings besides autotp_size)
+LAYOUTS = {
+    "llama_preset": ("llama", {
+        "preset_model": "llama"
+    }),
+    "llama_partition_config": ("llama", {
+        "partition_config": PARTITION_CONFIG,
+        "tp": {
+            "tp_grain_size": 8
+        }
+    }),
+    "llama_hf_tp_plan": ("llama", {}),
+    "llama_vocab_head": ("llama", {
+        "preset_model": "llama",
+        "vocab_parallel_lm_head": True
+    }),
+    "qwen3_tied_head": ("qwen3", {
+        "preset_model": "qwen3",
+        "keep_module_on_host": True
+    }),
+}
+
+
+def config(layout, path, micro, gas):
+    stage, extra = PATHS[path]
+    return {
+        **sgd_config(micro, gas, CLIP, LR),
+        "zero_optimization": {
+            "stage": stage
+        },
+        "tensor_parallel": {
+            "autotp_size": TP,
+            **LAYOUTS[layout][1]
+        },
+        **extra,
+    }
+
+
+def gathered_weights(engine):
+    """{name: the whole parameter} in fp64: the fp32 master weights where ZeRO keeps them linked, else the module's
+    own; AutoTP's shards gathered."""
+    from deepspeed.module_inject.layers import GatherReplacedLayerParams
+    from deepspeed.utils import safe_get_full_fp32_param
+    weights = {}
+    for module_name, module in engine.module.named_modules():
+        params = list(module.named_parameters(recurse=False))
+        if not params:
+            continue
+        masters = {name: safe_get_full_fp32_param(param) for name, param in params}
+        with torch.no_grad():
+            for name, param in params:  # the master weights into the parameters (the engine is done), gathered so
+                if masters[name] is not None:
+                    param.data = masters[name].clone()
+            with GatherReplacedLayerParams([p for _, p in params], module, enabled=True):
+                for name, param in params:
+                    weights[f"{module_name}.{name}"] = param.detach().to("cpu", torch.float64).clone()
+    return weights
+
+
+def case(layout, path, micro, gas):
+
+    def run():
+        model = tiny_models.from_settings(tiny_models.CONFIGS[LAYOUTS[layout][0]])
+        reference = tiny_models.from_settings(tiny_models.CONFIGS[LAYOUTS[layout][0]]).double()
+        engine, *_ = deepspeed.initialize(model=model,
+                                          model_parameters=model.parameters(),
+                                          config=config(layout, path, micro, gas))
+        split = [n for n, p in engine.module.named_parameters() if p.shape != reference.get_parameter(n).shape]
+        dtype = next(engine.module.parameters()).dtype
+        with torch.no_grad():  # the reference starts from the weights the engine holds (rounded to its dtype)
+            for param in reference.parameters():
+                param.copy_(param.to(dtype))
+        before = {name: param.detach().clone() for name, param in reference.named_parameters()}
+        inputs, labels = global_batch(GLOBAL_BATCH)  # every TP rank the same samples
+        for i in range(gas):
+            batch = slice(i * micro, (i + 1) * micro)
+            engine.backward(causal_lm_loss(engine, inputs[batch].to(engine.device), labels[batch].to(engine.device)))
+            engine.step()
+        norm = engine.get_global_grad_norm()
+        causal_lm_loss(reference, inputs, labels).backward()
+        reference_norm = float(torch.linalg.vector_norm(torch.cat([p.grad.flatten() for p in reference.parameters()])))
+        coef = min(1.0, CLIP / (reference_norm + 1e-6))
+        expected = {name: before[name] - LR * coef * param.grad for name, param in reference.named_parameters()}
+        after = gathered_weights(engine)
+        engine.destroy()
+        names = sorted(expected)
+        missing = [n for n in names if n not in after]
+        assert not missing, f"parameters the engine lost: {missing}"
+        return {
+            "split_parameters": len(split),
+            "norm": None if norm is None else float(norm),
+            "reference_norm": reference_norm,
+            "update_error": relative_update_error(*([d[n] for n in names] for d in (after, expected, before))),
+        }
+
+    return run
+
+
+if __name__ == "__main__":
+    run_cases({f"{lay}_{p}_m{m}_g{g}": case(lay, p, m, g) for lay in LAYOUTS for p in PATHS for m, g in SPLITS})
