@@ -15,6 +15,9 @@ head tied to the embedding). Layouts, each a way a user asks AutoTP to shard:
 - ``llama_hf_tp_plan``: neither: AutoTP follows the model's own ``base_model_tp_plan`` from transformers.
 - ``llama_vocab_head``: ``preset_model`` "llama" and ``vocab_parallel_lm_head``: the LM head split over the
   vocabulary, the loss over the split logits.
+- ``llama_tp_model_init``: ``preset_model`` "llama", the model passed first through ``deepspeed.tp_model_init`` with
+  the user's own tensor-parallel group (``tp.tp_group``) and dtype (``tensor_parallel.dtype``); 0.19.8 fails it on
+  rank 0 and leaves rank 1 waiting (patch 0055): against 0.19.8, leave it out of the launch.
 - ``qwen3_tied_head``: ``preset_model`` "qwen3" on a head tied to the embedding (AutoTP chooses the vocabulary-
   parallel head itself), ``keep_module_on_host``.
 
@@ -29,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 import deepspeed  # noqa: E402
+import deepspeed.comm as dist  # noqa: E402
 from hf_training import tiny_models  # noqa: E402
 from helpers.autoep_hf_model import causal_lm_loss, global_batch  # noqa: E402
 from helpers.engine_paths import BF16, relative_update_error  # noqa: E402
@@ -39,6 +43,7 @@ GLOBAL_BATCH, TP = 8, 2
 LR, CLIP = 0.5, 1.0
 SPLITS = [(8, 1), (4, 2), (2, 4)]
 PATHS = {"zero0_fp32": (0, {}), "zero1_fp32": (1, {}), "zero2_bf16": (2, BF16)}  # path -> (ZeRO stage, extra config)
+DTYPES = {"zero0_fp32": torch.float32, "zero1_fp32": torch.float32, "zero2_bf16": torch.bfloat16}
 COLUMN = ["q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"]
 ROW = ["o_proj", "down_proj"]
 PARTITION_CONFIG = {
@@ -67,6 +72,9 @@ LAYOUTS = {
     "llama_vocab_head": ("llama", {
         "preset_model": "llama",
         "vocab_parallel_lm_head": True
+    }),
+    "llama_tp_model_init": ("llama", {
+        "preset_model": "llama"
     }),
     "qwen3_tied_head": ("qwen3", {
         "preset_model": "qwen3",
@@ -115,10 +123,20 @@ def case(layout, path, micro, gas):
 
     def run():
         model = tiny_models.from_settings(tiny_models.CONFIGS[LAYOUTS[layout][0]])
+        if layout == "llama_tp_model_init":
+            # The legacy entry point, with the user's own tensor-parallel group (every rank creates it). It records
+            # its arguments for every later initialize of the process: forgotten after this case's.
+            from deepspeed.runtime.tensor_parallel import init_utils
+            group = dist.new_group(list(range(TP)))
+            deepspeed.tp_model_init(model, tp_size=TP, dtype=DTYPES[path], tp_group=group)
         reference = tiny_models.from_settings(tiny_models.CONFIGS[LAYOUTS[layout][0]]).double()
-        engine, *_ = deepspeed.initialize(model=model,
-                                          model_parameters=model.parameters(),
-                                          config=config(layout, path, micro, gas))
+        try:
+            engine, *_ = deepspeed.initialize(model=model,
+                                              model_parameters=model.parameters(),
+                                              config=config(layout, path, micro, gas))
+        finally:
+            if layout == "llama_tp_model_init":
+                init_utils._TP_MODEL_INIT_ARGS = None
         split = [n for n, p in engine.module.named_parameters() if p.shape != reference.get_parameter(n).shape]
         dtype = next(engine.module.parameters()).dtype
         with torch.no_grad():  # the reference starts from the weights the engine holds (rounded to its dtype)
