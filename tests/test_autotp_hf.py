@@ -16,10 +16,9 @@ and ZeRO-2 bf16, micro-batch x GAS 8x1, 4x2, 2x4. 0.19.8 gives the same results 
 import pytest
 
 from helpers.hf_required import require_transformers_and_accelerate
-from helpers.launch import LaunchesByRanks
 from helpers.rank_results import assert_norm_matches, assert_update_matches
 from helpers.repo import REPO
-from helpers.selection import cases_by_ranks
+from helpers.split_cases import case_id, launches, results
 
 require_transformers_and_accelerate()
 
@@ -42,36 +41,28 @@ CASES = [
 ]
 
 
-def case_name(layout, path, micro, gas):
-    return f"{layout}_{path}_m{micro}_g{gas}"
-
-
-def ids(case):
-    return case_name(*case[1:])
-
-
 def tolerance(table, path):
     return next(value for key, value in table.items() if key in path)
 
 
 @pytest.fixture(scope="module")
 def launched(extensions_dir, request):
-    return LaunchesByRanks(WORKER, cases_by_ranks(request, "launched", case_name), extensions_dir)
+    return launches(WORKER, request, extensions_dir)
 
 
-@pytest.mark.parametrize("case", CASES, ids=ids)
+@pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_layers_are_sharded(launched, case):
     """AutoTP split the attention and MLP projections of both layers (and, where asked or tied, the LM head)."""
-    for rank, result in enumerate(launched[RANKS].case(case_name(*case[1:]))):
+    for rank, result in enumerate(results(launched, case)):
         assert result["split_parameters"] >= 14, f"rank {rank}: {result['split_parameters']} parameters split"
 
 
-@pytest.mark.parametrize("case", CASES, ids=ids)
+@pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_norm_matches_fp64_reference(launched, case):
-    assert_norm_matches(launched[RANKS].case(case_name(*case[1:])), tolerance(NORM_TOLERANCE, case[2]))
+    assert_norm_matches(results(launched, case), tolerance(NORM_TOLERANCE, case[2]))
 
 
-@pytest.mark.parametrize("case", CASES, ids=ids)
+@pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_update_matches_fp64_reference(launched, case):
     """SGD at lr 0.5 clipped at 1.0 (the fp64 norm is 1.5-1.7): a wrong norm is a wrong update."""
-    assert_update_matches(launched[RANKS].case(case_name(*case[1:])), tolerance(UPDATE_TOLERANCE, case[2]))
+    assert_update_matches(results(launched, case), tolerance(UPDATE_TOLERANCE, case[2]))

@@ -12,10 +12,9 @@ files, a fixed_discrete schedule (difficulty 1, 2, then 3), 3 steps of a global 
 
 import pytest
 
-from helpers.launch import LaunchesByRanks
 from helpers.rank_results import assert_norm_matches, assert_update_matches
 from helpers.repo import REPO
-from helpers.selection import cases_by_ranks
+from helpers.split_cases import case_id, launches, results
 
 WORKER = REPO / "tests" / "workers" / "curriculum_sampling.py"
 RANKS = 2
@@ -27,41 +26,32 @@ CASES = [(RANKS, path, micro, gas) for path in PATHS for micro, gas in SPLITS]
 NORM_TOLERANCE, UPDATE_TOLERANCE = 1e-6, 2e-5
 
 
-def case_name(path, micro, gas):
-    return f"{path}_m{micro}_g{gas}"
-
-
-def ids(case):
-    return case_name(*case[1:])
-
-
 @pytest.fixture(scope="module")
 def launched(extensions_dir, request):
-    return LaunchesByRanks(WORKER, cases_by_ranks(request, "launched", case_name), extensions_dir)
+    return launches(WORKER, request, extensions_dir)
 
 
-@pytest.mark.parametrize("case", CASES, ids=ids)
+@pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_global_batches_do_not_depend_on_the_split(launched, case):
     """Every rank saw the same global batches (gathered), those of the split 4x1, 8 distinct samples each."""
-    results = launched[RANKS].case(case_name(*case[1:]))
-    first = launched[RANKS].case(case_name(case[1], *SPLITS[0]))
-    for rank, result in enumerate(results):
+    first = results(launched, (RANKS, case[1], *SPLITS[0]))
+    for rank, result in enumerate(results(launched, case)):
         assert result["global_batches"] == first[0]["global_batches"], f"rank {rank}: {result['global_batches']}"
         assert all(len(set(batch)) == 8 for batch in result["global_batches"]), result["global_batches"]
 
 
-@pytest.mark.parametrize("case", CASES, ids=ids)
+@pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_batches_follow_the_schedule(launched, case):
-    for rank, result in enumerate(launched[RANKS].case(case_name(*case[1:]))):
+    for rank, result in enumerate(results(launched, case)):
         assert result["hardest"] == SCHEDULE, f"rank {rank}: hardest sample per step {result['hardest']}"
 
 
-@pytest.mark.parametrize("case", CASES, ids=ids)
+@pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_norm_matches_fp64_reference(launched, case):
-    assert_norm_matches(launched[RANKS].case(case_name(*case[1:])), NORM_TOLERANCE)
+    assert_norm_matches(results(launched, case), NORM_TOLERANCE)
 
 
-@pytest.mark.parametrize("case", CASES, ids=ids)
+@pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_update_matches_fp64_reference(launched, case):
     """SGD clipped at 0.5 (the fp64 norm is 1.64), 3 steps on the batches the loader chose."""
-    assert_update_matches(launched[RANKS].case(case_name(*case[1:])), UPDATE_TOLERANCE)
+    assert_update_matches(results(launched, case), UPDATE_TOLERANCE)

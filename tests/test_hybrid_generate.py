@@ -15,10 +15,9 @@ the fp64 reference's. 0.19.8 fails every case at its first generation (``Attribu
 import pytest
 
 from helpers.hf_required import require_transformers_and_accelerate
-from helpers.launch import LaunchesByRanks
 from helpers.rank_results import assert_norm_matches, assert_update_matches
 from helpers.repo import REPO
-from helpers.selection import cases_by_ranks
+from helpers.split_cases import case_id, launches, results
 
 require_transformers_and_accelerate()
 
@@ -36,35 +35,27 @@ CASES = [
 ]
 
 
-def case_name(variant, micro, gas):
-    return f"{variant}_m{micro}_g{gas}"
-
-
-def ids(case):
-    return case_name(*case[1:])
-
-
 def tolerance(table, variant):
     return next(value for key, value in table.items() if key in variant)
 
 
 @pytest.fixture(scope="module")
 def launched(extensions_dir, request):
-    return LaunchesByRanks(WORKER, cases_by_ranks(request, "launched", case_name), extensions_dir)
+    return launches(WORKER, request, extensions_dir)
 
 
-@pytest.mark.parametrize("case", CASES, ids=ids)
+@pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_generation_matches_the_reference_weights(launched, case):
-    for rank, result in enumerate(launched[RANKS].case(case_name(*case[1:]))):
+    for rank, result in enumerate(results(launched, case)):
         assert all(result["generations_match"]), f"rank {rank}: tokens of step(s) {result['generations_match']}"
 
 
-@pytest.mark.parametrize("case", CASES, ids=ids)
+@pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_norm_matches_fp64_reference(launched, case):
-    assert_norm_matches(launched[RANKS].case(case_name(*case[1:])), tolerance(NORM_TOLERANCE, case[1]))
+    assert_norm_matches(results(launched, case), tolerance(NORM_TOLERANCE, case[1]))
 
 
-@pytest.mark.parametrize("case", CASES, ids=ids)
+@pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_update_matches_fp64_reference(launched, case):
     """SGD at lr 0.5 clipped at 1.0 (the fp64 norm is 1.79): a wrong norm is a wrong update."""
-    assert_update_matches(launched[RANKS].case(case_name(*case[1:])), tolerance(UPDATE_TOLERANCE, case[1]))
+    assert_update_matches(results(launched, case), tolerance(UPDATE_TOLERANCE, case[1]))

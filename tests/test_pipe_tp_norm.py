@@ -16,10 +16,9 @@ In CI the ``pipe`` layout (patch 0053's path) at every split and path; the other
 
 import pytest
 
-from helpers.launch import LaunchesByRanks
 from helpers.rank_results import assert_collectives, assert_norm_matches, assert_update_matches
 from helpers.repo import REPO
-from helpers.selection import cases_by_ranks
+from helpers.split_cases import case_id, launches, results
 from test_moe_norm import NORM_TOLERANCE, tolerance
 
 WORKER = REPO / "tests" / "workers" / "pipe_tp_norm.py"
@@ -36,33 +35,25 @@ CASES = [
 ]
 
 
-def case_name(layout, path, micro, gas):
-    return f"{layout}_{path}_m{micro}_g{gas}"
-
-
-def ids(case):
-    return case_name(*case[1:])
-
-
 @pytest.fixture(scope="module")
 def launched(extensions_dir, request):
-    return LaunchesByRanks(WORKER, cases_by_ranks(request, "launched", case_name), extensions_dir)
+    return launches(WORKER, request, extensions_dir)
 
 
-@pytest.mark.parametrize("case", CASES, ids=ids)
+@pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_norm_matches_fp64_reference(launched, case):
-    assert_norm_matches(launched[RANKS].case(case_name(*case[1:])), tolerance(NORM_TOLERANCE, case[2]))
+    assert_norm_matches(results(launched, case), tolerance(NORM_TOLERANCE, case[2]))
 
 
-@pytest.mark.parametrize("case", CASES, ids=ids)
+@pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_update_matches_fp64_reference(launched, case):
     """SGD with clipping at 0.5 (the fp64 norm is 0.81, so it clips): a wrong norm is a wrong update."""
-    assert_update_matches(launched[RANKS].case(case_name(*case[1:])), tolerance(UPDATE_TOLERANCE, case[2]))
+    assert_update_matches(results(launched, case), tolerance(UPDATE_TOLERANCE, case[2]))
 
 
 @pytest.mark.fork_only
-@pytest.mark.parametrize("case", CASES, ids=ids)
+@pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_one_collective_per_step(launched, case):
     """The model step (inside train_batch()) takes the norm, every stage and tensor-parallel slice counted once,
     and the overflow flag in one collective."""
-    assert_collectives(launched[RANKS].case(case_name(*case[1:])))
+    assert_collectives(results(launched, case))
