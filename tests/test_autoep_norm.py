@@ -3,19 +3,19 @@
 # DeepSpeed Team
 """AutoEP: the global grad norm and the update equal fp64 PyTorch on every engine path and split.
 
-tests/workers/autoep_norm.py lets AutoEP convert a Mixtral-style MoE block (4 experts, top 2, expert
-parallel 2) and trains one global batch of 8 at every micro-batch x GAS split, alone (``ep2``) and folded
-with AutoTP (``ep2_tp2``: 2 TP ranks holding every weight whole, the engine correcting the folded
-gradients; ``ep2_tp2_split``: the same with a dense MLP pair that AutoTP splits column- and row-parallel,
-``--run-slow``); and the same for a Hugging Face ``MixtralForCausalLM`` (2 decoder layers, its causal-LM
-loss; ``hf_ep2``, ``hf_ep2_tp2``; needs transformers), and that model compiled around its experts (``hf_ep2_compiled``:
-``compile.autoep_non_moe`` and ``engine.compile()``, ZeRO 0-2, ``--run-slow``). Regression test for patch 0028: BF16_Optimizer
-corrected only the first micro-batch of a step under folding (norm 3.2-4.9% high at GAS 2 and 4, update
-19-27% off); and for patch 0029: ZeRO-3 took its norm in 3 collectives (4 folded). 0.19.8 reports no norm
-on ZeRO-0 fp32, its folded ZeRO-1/2 norm is 0.79% off (4.4% on the HF model, its fp16 ZeRO-0 norm 6.0%),
-and its BF16_Optimizer raises under folding on the TP rank with no dense gradient to count (patch 0027)
-while the other waits: that launch hangs until its timeout (against 0.19.8, ``-k "not (ep2_tp2 and
-bf16_fp32)"`` leaves the case out of the launch). docs/evidence/grad_norm.md ("AutoEP") has the figures.
+tests/workers/autoep_norm.py lets AutoEP convert a Mixtral-style MoE block (4 experts, top 2, expert parallel 2) and
+trains one global batch of 8 at every micro-batch x GAS split, alone (``ep2``) and folded with AutoTP (``ep2_tp2``:
+2 TP ranks holding every weight whole, the engine correcting the folded gradients; ``ep2_tp2_split``: the same with
+a dense MLP pair that AutoTP splits column- and row-parallel, ``--run-slow``); and the same for a Hugging Face
+``MixtralForCausalLM`` (2 decoder layers, its causal-LM loss; ``hf_ep2``, ``hf_ep2_tp2``; needs transformers), and
+that model compiled around its experts (``hf_ep2_compiled``: ``compile.autoep_non_moe`` and ``engine.compile()``,
+ZeRO 0-2, ``--run-slow``). Regression test for patch 0028: BF16_Optimizer corrected only the first micro-batch of a
+step under folding (norm 3.2-4.9% high at GAS 2 and 4, update 19-27% off); and for patch 0029: ZeRO-3 took its norm
+in 3 collectives (4 folded). 0.19.8 reports no norm on ZeRO-0 fp32, its folded ZeRO-1/2 norm is 0.79% off (4.4% on
+the HF model, its fp16 ZeRO-0 norm 6.0%), and its BF16_Optimizer raises under folding on the TP rank with no dense
+gradient to count (patch 0027) while the other waits: that launch hangs until its timeout (against 0.19.8, ``-k "not
+(ep2_tp2 and bf16_fp32)"`` leaves the case out of the launch). docs/evidence/grad_norm.md ("AutoEP") has the
+figures.
 """
 
 import importlib.util
@@ -24,7 +24,7 @@ import os
 import pytest
 
 from helpers.launch import launch_cases
-from helpers.rank_results import assert_collectives, assert_norm_matches, assert_update_matches
+from helpers.rank_results import assert_collectives, assert_norm_matches, assert_update_matches, tolerance
 from helpers.repo import REPO
 from helpers.selection import selected_params
 
@@ -76,10 +76,6 @@ CASES = [pytest.param(case, marks=marks(case)) for case in ALL_CASES]
 
 def case_name(path, micro, gas):
     return f"{path}_m{micro}_g{gas}"
-
-
-def tolerance(table, path):
-    return next(value for key, value in table.items() if key in path)
 
 
 class Launches:

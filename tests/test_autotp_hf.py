@@ -6,17 +6,17 @@ the unsharded model, at every split.
 
 tests/workers/autotp_hf.py (2 ranks, tensor parallel 2) shards the tests' tiny Llama by ``preset_model``, by
 ``partition_config`` rules (with ``tp.tp_grain_size``), by the model's own transformers ``tp_plan``, with a
-vocabulary-parallel LM head, through ``deepspeed.tp_model_init`` with the user's own group, and a Qwen3 whose head is tied to its embedding (``keep_module_on_host``); ZeRO-0 and 1 fp32
-and ZeRO-2 bf16, micro-batch x GAS 8x1, 4x2, 2x4. 0.19.8 gives the same results but reports no norm on ZeRO-0 fp32
-(patch 0012), and fails ``tp_model_init`` with a group on rank 0 while rank 1 waits (patch 0055: against 0.19.8,
-``-k "not tp_model_init"`` keeps it out of the launch). CI runs the preset and tp_model_init layouts; the rest with
---run-slow.
+vocabulary-parallel LM head, through ``deepspeed.tp_model_init`` with the user's own group, and a Qwen3 whose head
+is tied to its embedding (``keep_module_on_host``); ZeRO-0 and 1 fp32 and ZeRO-2 bf16, micro-batch x GAS 8x1, 4x2,
+2x4. 0.19.8 gives the same results but reports no norm on ZeRO-0 fp32 (patch 0012), and fails ``tp_model_init`` with
+a group on rank 0 while rank 1 waits (patch 0055: against 0.19.8, ``-k "not tp_model_init"`` keeps it out of the
+launch). CI runs the preset and tp_model_init layouts; the rest with --run-slow.
 """
 
 import pytest
 
 from helpers.hf_required import require_transformers_and_accelerate
-from helpers.rank_results import assert_norm_matches, assert_update_matches
+from helpers.rank_results import assert_norm_matches, assert_update_matches, tolerance
 from helpers.repo import REPO
 from helpers.split_cases import case_id, launches, results
 
@@ -39,10 +39,6 @@ CASES = [
                  marks=[] if layout in ("llama_preset", "llama_tp_model_init") else [pytest.mark.slow])
     for layout in LAYOUTS for path in PATHS for micro, gas in SPLITS
 ]
-
-
-def tolerance(table, path):
-    return next(value for key, value in table.items() if key in path)
 
 
 @pytest.fixture(scope="module")

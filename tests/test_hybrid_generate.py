@@ -15,7 +15,7 @@ the fp64 reference's. 0.19.8 fails every case at its first generation (``Attribu
 import pytest
 
 from helpers.hf_required import require_transformers_and_accelerate
-from helpers.rank_results import assert_norm_matches, assert_update_matches
+from helpers.rank_results import assert_norm_matches, assert_update_matches, tolerance
 from helpers.repo import REPO
 from helpers.split_cases import case_id, launches, results
 
@@ -33,10 +33,6 @@ CASES = [
     pytest.param((RANKS, variant, micro, gas), marks=[] if variant == "zero3_fp32" else [pytest.mark.slow])
     for variant in VARIANTS for micro, gas in SPLITS
 ]
-
-
-def tolerance(table, variant):
-    return next(value for key, value in table.items() if key in variant)
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ its norm (and, before patch 0004, never scaled the loss).
 import pytest
 
 from helpers.launch import LaunchesByRanks
-from helpers.rank_results import assert_collectives, assert_norm_matches, assert_update_matches
+from helpers.rank_results import assert_collectives, assert_norm_matches, assert_update_matches, tolerance
 from helpers.repo import REPO
 from helpers.selection import cases_by_ranks
 
@@ -47,10 +47,6 @@ CASES = marked(ALL_CASES)
 
 def case_name(path, micro, gas):
     return f"{path}_m{micro}_g{gas}"
-
-
-def tolerance(table, path):
-    return next(value for key, value in table.items() if key in path)
 
 
 @pytest.fixture(scope="module")

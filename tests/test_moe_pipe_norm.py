@@ -13,9 +13,9 @@ and 0.19.8 side by side.
 import pytest
 
 from helpers.launch import LaunchesByRanks
-from helpers.rank_results import assert_collectives, assert_norm_matches, assert_update_matches
+from helpers.rank_results import assert_collectives, assert_norm_matches, assert_update_matches, tolerance
 from helpers.repo import REPO
-from test_moe_norm import NORM_TOLERANCE, UPDATE_TOLERANCE, tolerance
+from test_moe_norm import NORM_TOLERANCE, UPDATE_TOLERANCE
 
 pytestmark = pytest.mark.slow
 

@@ -20,11 +20,10 @@ without it.
 
 import pytest
 
-from helpers.launch import LaunchesByRanks
-from helpers.rank_results import assert_collectives, assert_norm_matches, assert_update_matches
+from helpers.rank_results import assert_collectives, assert_norm_matches, assert_update_matches, tolerance
 from helpers.repo import REPO
-from helpers.selection import cases_by_ranks
-from test_moe_norm import NORM_TOLERANCE, UPDATE_TOLERANCE, tolerance
+from helpers.split_cases import case_name, launches, results
+from test_moe_norm import NORM_TOLERANCE, UPDATE_TOLERANCE
 
 WORKER = REPO / "tests" / "workers" / "moe_tp_norm.py"
 SPLITS = {2: [(8, 1), (4, 2), (2, 4)], 4: [(4, 1), (2, 2)]}
@@ -43,10 +42,6 @@ def fast(ranks, layout, path, micro, gas):
     return ranks == 2 and (layout, path) in chosen and gas == 2
 
 
-def case_name(layout, path, micro, gas):
-    return f"{layout}_{path}_m{micro}_g{gas}"
-
-
 CASES = [case if fast(*case) else pytest.param(case, marks=pytest.mark.slow) for case in ALL_CASES]
 
 
@@ -57,12 +52,7 @@ def ids(case):
 
 @pytest.fixture(scope="module")
 def launched(extensions_dir, request):
-    return LaunchesByRanks(WORKER, cases_by_ranks(request, "launched", case_name), extensions_dir)
-
-
-def results(launched, case):
-    ranks, *rest = case
-    return launched[ranks].case(case_name(*rest))
+    return launches(WORKER, request, extensions_dir)
 
 
 @pytest.mark.parametrize("case", CASES, ids=ids)

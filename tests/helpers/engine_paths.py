@@ -25,3 +25,15 @@ def relative_update_error(after, expected, before):
     gap = torch.cat([(a - e).flatten() for a, e in zip(after, expected)])
     step = torch.cat([(e - b).flatten() for e, b in zip(expected, before)])
     return float(gap.norm() / step.norm())
+
+
+def reference_sgd_step(parameters, lr, clip):
+    """One step of the fp64 reference on ``parameters``' gradients: SGD clipped as DeepSpeed clips (the coefficient
+    clip / (norm + 1e-6), at most 1), in place. Returns the gradients' global norm."""
+    parameters = list(parameters)
+    norm = float(torch.linalg.vector_norm(torch.cat([p.grad.flatten() for p in parameters])))
+    coef = min(1.0, clip / (norm + 1e-6))
+    with torch.no_grad():
+        for param in parameters:
+            param -= lr * coef * param.grad
+    return norm

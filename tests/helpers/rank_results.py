@@ -7,6 +7,12 @@ the update against the fp64 reference, and the collectives of the step (``result
 nothing."""
 
 
+def tolerance(table, path):
+    """The value of ``table`` (dtype -> tolerance, e.g. {"bf16": ..., "fp32": ...}) whose dtype the engine path's name
+    holds (the first one in the table's order)."""
+    return next(value for key, value in table.items() if key in path)
+
+
 def _ranks(results):
     results = list(results)
     assert results, "no rank reported results for this case"

@@ -35,7 +35,7 @@ import deepspeed  # noqa: E402
 import deepspeed.comm as dist  # noqa: E402
 from hf_training import tiny_models  # noqa: E402
 from helpers.autoep_hf_model import causal_lm_loss, global_batch  # noqa: E402
-from helpers.engine_paths import BF16, relative_update_error  # noqa: E402
+from helpers.engine_paths import BF16, reference_sgd_step, relative_update_error  # noqa: E402
 from helpers.rank_cases import run_cases  # noqa: E402
 from helpers.small_model import sgd_config  # noqa: E402
 
@@ -150,9 +150,8 @@ def case(layout, path, micro, gas):
             engine.step()
         norm = engine.get_global_grad_norm()
         causal_lm_loss(reference, inputs, labels).backward()
-        reference_norm = float(torch.linalg.vector_norm(torch.cat([p.grad.flatten() for p in reference.parameters()])))
-        coef = min(1.0, CLIP / (reference_norm + 1e-6))
-        expected = {name: before[name] - LR * coef * param.grad for name, param in reference.named_parameters()}
+        reference_norm = reference_sgd_step(reference.parameters(), LR, CLIP)
+        expected = {name: param.detach() for name, param in reference.named_parameters()}
         after = gathered_weights(engine)
         engine.destroy()
         names = sorted(expected)

@@ -24,7 +24,7 @@ import torch  # noqa: E402
 
 import deepspeed  # noqa: E402
 import deepspeed.comm as dist  # noqa: E402
-from helpers.engine_paths import relative_update_error  # noqa: E402
+from helpers.engine_paths import reference_sgd_step, relative_update_error  # noqa: E402
 from helpers.master_weights import zero_master_weights  # noqa: E402
 from helpers.rank_cases import run_cases  # noqa: E402
 from helpers.small_model import global_batch, make_layers, mse, sgd_config  # noqa: E402
@@ -131,11 +131,7 @@ def case(path, micro, gas):
                 batches.append(batch)
                 reference.zero_grad()
                 mse(reference(dataset.inputs[batch].double()), dataset.targets[batch].double()).backward()
-                reference_norm = float(
-                    torch.linalg.vector_norm(torch.cat([p.grad.flatten() for p in reference.parameters()])))
-                with torch.no_grad():
-                    for param in reference.parameters():
-                        param -= LR * min(1.0, CLIP / (reference_norm + 1e-6)) * param.grad
+                reference_norm = reference_sgd_step(reference.parameters(), LR, CLIP)
             norm = engine.get_global_grad_norm()
             after = zero_master_weights(engine)
             engine.destroy()

@@ -5,11 +5,11 @@
 training steps, against fp64 PyTorch: each step generates from a prompt (greedy, 3 new tokens), then trains one
 global batch of 8 at a micro-batch x GAS split of the rank's 4 samples.
 
-The model is the tests' tiny Hugging Face ``MistralForCausalLM`` (``hf_training.tiny_models``), which no DeepSpeed inference policy matches: the engine
-generates on the model's own path (patch 0054), its ZeRO-3 partitions gathered for it. Each case reports whether
-every step's tokens equal what the fp64 reference's weights of that step generate in the engine's dtype, and, after 2
-steps,
-the grad norm and the weights against the reference's (SGD, clipping below the norm). Variants:
+The model is the tests' tiny Hugging Face ``MistralForCausalLM`` (``hf_training.tiny_models``), which no DeepSpeed
+inference policy matches: the engine generates on the model's own path (patch 0054), its ZeRO-3 partitions gathered
+for it. Each case reports whether every step's tokens equal what the fp64 reference's weights of that step generate
+in the engine's dtype, and, after 2 steps, the grad norm and the weights against the reference's (SGD, clipping below
+the norm). Variants:
 
 - ``zero3_fp32``: ZeRO-3, the hybrid engine's defaults (``pin_parameters``: every layer gathered at once).
 - ``zero3_fp32_unpinned``: ``pin_parameters`` false (ZeRO-3 fetches each layer as it runs).
@@ -33,7 +33,7 @@ import deepspeed  # noqa: E402
 import deepspeed.comm as dist  # noqa: E402
 from hf_training import tiny_models  # noqa: E402
 from helpers.autoep_hf_model import VOCAB, causal_lm_loss, global_batch  # noqa: E402
-from helpers.engine_paths import BF16  # noqa: E402
+from helpers.engine_paths import BF16, reference_sgd_step, relative_update_error  # noqa: E402
 from helpers.master_weights import zero_master_weights  # noqa: E402
 from helpers.rank_cases import run_cases  # noqa: E402
 from helpers.small_model import sgd_config  # noqa: E402
@@ -94,6 +94,7 @@ def case(variant, micro, gas):
         with torch.no_grad():  # the weights the engine trains, rounded to its dtype
             for param in reference.parameters():
                 param.copy_(param.to(dtype))
+        before = {name: param.detach().clone() for name, param in reference.named_parameters()}
         inputs, labels = global_batch(GLOBAL_BATCH)
         rank, world = dist.get_rank(), dist.get_world_size()
         per_rank = GLOBAL_BATCH // world
@@ -118,24 +119,17 @@ def case(variant, micro, gas):
                 engine.step()
             reference.zero_grad()
             causal_lm_loss(reference, inputs, labels).backward()
-            grads = [p.grad for p in reference.parameters()]
-            reference_norm = float(torch.linalg.vector_norm(torch.cat([g.flatten() for g in grads])))
-            coef = min(1.0, CLIP / (reference_norm + 1e-6))
-            with torch.no_grad():
-                for param in reference.parameters():
-                    param -= LR * coef * param.grad
+            reference_norm = reference_sgd_step(reference.parameters(), LR, CLIP)
         norm = engine.get_global_grad_norm()
         trained = zero_master_weights(engine)
         engine.destroy()
-        initial = dict(mistral_causal_lm().double().named_parameters())
-        expected = dict(reference.named_parameters())
-        gap = torch.cat([(trained[n] - expected[n].detach()).flatten() for n in trained])
-        change = torch.cat([(expected[n].detach() - initial[n].detach()).flatten() for n in trained])
+        expected = {name: param.detach() for name, param in reference.named_parameters()}
+        names = sorted(trained)
         return {
             "generations_match": generations_match,
             "norm": None if norm is None else float(norm),
             "reference_norm": reference_norm,
-            "update_error": float(gap.norm() / change.norm()),
+            "update_error": relative_update_error(*([d[n] for n in names] for d in (trained, expected, before))),
         }
 
     return run
