@@ -168,7 +168,7 @@ def test_the_preflight_gives_each_set_key_its_coverage_row(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "map: covered: sequence_parallel_size: Ulysses SP 2" in out
     assert "map: covered: zero_optimization, zero_optimization.stage:" in out
-    assert "map: open: zero_optimization.zero_quantized_gradients: ZeRO++ qgZ" in out
+    assert "map: approximate: zero_optimization.zero_quantized_gradients: ZeRO++ qgZ" in out
     assert "optimizer.params" not in out  # an optimizer's own arguments are not engine keys
 
 
@@ -180,7 +180,7 @@ def test_a_run_tells_only_of_paths_not_checked_against_fp64(tmp_path, capsys, mo
     path.write_text(json.dumps(ZERO3_SP))
     cli.main(["--config", str(path), "--ranks", "2"])
     out = capsys.readouterr().out
-    assert launched and "map: open: zero_optimization.zero_quantized_gradients" in out
+    assert launched and "map: approximate: zero_optimization.zero_quantized_gradients" in out
     assert "map: covered" not in out
 
 

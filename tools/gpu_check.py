@@ -262,6 +262,8 @@ def checks():
                      "tests/test_fused_norm.py"),
         pytest_check("cuda-engines", "16 engine paths on the GPU vs fp64, incl. fp16",
                      "pytest passes; no case skipped", "tests/test_cuda_engines.py"),
+        pytest_check("quantizer-wire-format", "ZeRO++'s CUDA quantizer vs the pure-torch one the CPU tests run",
+                     "pytest passes; no CUDA test skipped", "tests/test_quantizer_wire.py"),
         gas_check("gas-check-bf16-fused-adam", "bf16 ZeRO-2 with FusedAdam", "bf16_fused_adam.json"),
         gas_check("gas-check-superoffload",
                   "bf16 ZeRO-3 SuperOffload (a speculative CPU step, rolled back under clipping)",
