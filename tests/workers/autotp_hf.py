@@ -20,6 +20,12 @@ head tied to the embedding). Layouts, each a way a user asks AutoTP to shard:
   rank 0 and leaves rank 1 waiting (patch 0055): against 0.19.8, leave it out of the launch.
 - ``qwen3_tied_head``: ``preset_model`` "qwen3" on a head tied to the embedding (AutoTP chooses the vocabulary-
   parallel head itself), ``keep_module_on_host``.
+- ``llama_heuristic``: a Llama without a transformers tp_plan and no preset or rules: AutoTP's own parser finds the
+  layers (the path ``kernel_inject`` and ``injection_policy_tuple`` are read on), with ``kernel_inject`` true, an
+  ``injection_policy_tuple`` naming the LM head and a user's ``tp.mpu``: training shards by the parser's policy,
+  injects no kernel and takes its groups from DeepSpeed's own.
+- ``llama_vocab_head_liger``: ``llama_vocab_head`` with ``vocab_parallel_ce_backend`` "liger": on a CPU (no Triton)
+  the engine warns and computes the PyTorch loss.
 
 Weights are compared gathered (``GatherReplacedLayerParams``). Case names ``<layout>_<path>_m<micro>_g<gas>``.
 """
@@ -80,11 +86,41 @@ LAYOUTS = {
         "preset_model": "qwen3",
         "keep_module_on_host": True
     }),
+    "llama_heuristic": (
+        "llama",
+        {
+            "kernel_inject": True,
+            "injection_policy_tuple": ["lm_head"],  # not what the parser finds: replaced
+        }),
+    "llama_vocab_head_liger": ("llama", {
+        "preset_model": "llama",
+        "vocab_parallel_lm_head": True,
+        "vocab_parallel_ce_backend": "liger"
+    }),
 }
+
+
+class GroupsMpu:
+    """A Megatron-style mpu over DeepSpeed's own groups, as a user passes one (``tp.mpu``)."""
+
+    def __getattr__(self, name):
+        from deepspeed.utils import groups
+        return getattr(groups, f"_get_{name[len('get_'):]}") if name.startswith("get_") else getattr(groups, name)
+
+
+def without_tp_plan(model):
+    """``model`` with no transformers tp_plan (config, class or instance), as a model that ships none."""
+    model.config.base_model_tp_plan = None
+    model.__dict__.pop("_tp_plan", None)
+    model.__class__ = type(f"{type(model).__name__}WithoutTpPlan", (type(model), ), {"_tp_plan": None})
+    return model
 
 
 def config(layout, path, micro, gas):
     stage, extra = PATHS[path]
+    settings = dict(LAYOUTS[layout][1])
+    if layout == "llama_heuristic":
+        settings["tp"] = {"mpu": GroupsMpu()}
     return {
         **sgd_config(micro, gas, CLIP, LR),
         "zero_optimization": {
@@ -92,7 +128,7 @@ def config(layout, path, micro, gas):
         },
         "tensor_parallel": {
             "autotp_size": TP,
-            **LAYOUTS[layout][1]
+            **settings
         },
         **extra,
     }
@@ -123,6 +159,8 @@ def case(layout, path, micro, gas):
 
     def run():
         model = tiny_models.from_settings(tiny_models.CONFIGS[LAYOUTS[layout][0]])
+        if layout == "llama_heuristic":
+            model = without_tp_plan(model)
         if layout == "llama_tp_model_init":
             # The legacy entry point, with the user's own tensor-parallel group (every rank creates it). It records
             # its arguments for every later initialize of the process: forgotten after this case's.
@@ -138,6 +176,8 @@ def case(layout, path, micro, gas):
             if layout == "llama_tp_model_init":
                 init_utils._TP_MODEL_INIT_ARGS = None
         split = [n for n, p in engine.module.named_parameters() if p.shape != reference.get_parameter(n).shape]
+        # AutoTP's parser sets the policy of the layers it finds in place of the config's (on the heuristic path)
+        policy = engine._config.tensor_parallel_config.injection_policy_tuple
         dtype = next(engine.module.parameters()).dtype
         with torch.no_grad():  # the reference starts from the weights the engine holds (rounded to its dtype)
             for param in reference.parameters():
@@ -159,6 +199,7 @@ def case(layout, path, micro, gas):
         assert not missing, f"parameters the engine lost: {missing}"
         return {
             "split_parameters": len(split),
+            "injection_policy": None if policy is None else list(policy),
             "norm": None if norm is None else float(norm),
             "reference_norm": reference_norm,
             "update_error": relative_update_error(*([d[n] for n in names] for d in (after, expected, before))),
