@@ -47,9 +47,9 @@ PATHS = {
 def make_model(frozen):
     torch.manual_seed(1234)
     layers = []
-    for index in range(LAYERS):
+    for _ in range(LAYERS):
         layers += [torch.nn.Linear(WIDTH, WIDTH), torch.nn.Tanh()]
-    model = torch.nn.Sequential(*layers[:-1])
+    model = torch.nn.Sequential(*layers[:-1])  # no Tanh after the last
     if frozen is not None:
         model[2 * frozen].requires_grad_(False)
     return model
