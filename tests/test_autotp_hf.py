@@ -32,7 +32,8 @@ LAYOUTS = [
     "qwen3_tied_head", "llama_heuristic", "llama_vocab_head_liger"
 ]
 CI_LAYOUTS = ("llama_preset", "llama_tp_model_init", "llama_heuristic")
-PARSER_POLICY = ["mlp.down_proj", "self_attn.o_proj"]  # the row-parallel layers AutoTP's parser finds in a Llama
+# the row-parallel layers AutoTP's parser finds in a Llama (in an order of its own: compared sorted)
+PARSER_POLICY = ["mlp.down_proj", "self_attn.o_proj"]
 PATHS = ["zero0_fp32", "zero1_fp32", "zero2_bf16"]
 SPLITS = [(8, 1), (4, 2), (2, 4)]
 # fp32: the norm's own rounding (4e-8 seen); bf16: bf16 activations and gradients (4.9e-4 seen). Update against the
@@ -72,4 +73,4 @@ def test_update_matches_fp64_reference(launched, case):
 def test_parser_policy_replaces_the_configs(launched, case):
     """The heuristic path shards by the layers its parser finds, not by the config's ``injection_policy_tuple``."""
     for rank, result in enumerate(results(launched, case)):
-        assert result["injection_policy"] == PARSER_POLICY, f"rank {rank}: {result}"
+        assert sorted(result["injection_policy"] or []) == PARSER_POLICY, f"rank {rank}: {result}"
