@@ -19,7 +19,7 @@ runs the preset, tp_model_init and heuristic layouts; the rest with --run-slow.
 import pytest
 
 from helpers.hf_required import require_transformers_and_accelerate
-from helpers.rank_results import assert_norm_matches, assert_update_matches, tolerance
+from helpers.rank_results import assert_norm_matches, assert_update_matches, each_rank, tolerance
 from helpers.repo import REPO
 from helpers.split_cases import case_id, launches, results
 
@@ -54,7 +54,7 @@ def launched(extensions_dir, request):
 @pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_layers_are_sharded(launched, case):
     """AutoTP split the attention and MLP projections of both layers (and, where asked or tied, the LM head)."""
-    for rank, result in enumerate(results(launched, case)):
+    for rank, result in each_rank(results(launched, case)):
         assert result["split_parameters"] >= 14, f"rank {rank}: {result['split_parameters']} parameters split"
 
 
@@ -72,5 +72,5 @@ def test_update_matches_fp64_reference(launched, case):
 @pytest.mark.parametrize("case", [c for c in CASES if c.values[0][1] == "llama_heuristic"], ids=case_id)
 def test_parser_policy_replaces_the_configs(launched, case):
     """The heuristic path shards by the layers its parser finds, not by the config's ``injection_policy_tuple``."""
-    for rank, result in enumerate(results(launched, case)):
+    for rank, result in each_rank(results(launched, case)):
         assert sorted(result["injection_policy"] or []) == PARSER_POLICY, f"rank {rank}: {result}"

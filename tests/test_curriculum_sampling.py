@@ -12,7 +12,7 @@ files, a fixed_discrete schedule (difficulty 1, 2, then 3), 3 steps of a global 
 
 import pytest
 
-from helpers.rank_results import assert_norm_matches, assert_update_matches
+from helpers.rank_results import assert_norm_matches, assert_update_matches, each_rank
 from helpers.repo import REPO
 from helpers.split_cases import case_id, launches, results
 
@@ -35,14 +35,14 @@ def launched(extensions_dir, request):
 def test_global_batches_do_not_depend_on_the_split(launched, case):
     """Every rank saw the same global batches (gathered), those of the split 4x1, 8 distinct samples each."""
     first = results(launched, (RANKS, case[1], *SPLITS[0]))
-    for rank, result in enumerate(results(launched, case)):
+    for rank, result in each_rank(results(launched, case)):
         assert result["global_batches"] == first[0]["global_batches"], f"rank {rank}: {result['global_batches']}"
         assert all(len(set(batch)) == 8 for batch in result["global_batches"]), result["global_batches"]
 
 
 @pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_batches_follow_the_schedule(launched, case):
-    for rank, result in enumerate(results(launched, case)):
+    for rank, result in each_rank(results(launched, case)):
         assert result["hardest"] == SCHEDULE, f"rank {rank}: hardest sample per step {result['hardest']}"
 
 

@@ -15,7 +15,7 @@ the fp64 reference's. 0.19.8 fails every case at its first generation (``Attribu
 import pytest
 
 from helpers.hf_required import require_transformers_and_accelerate
-from helpers.rank_results import assert_norm_matches, assert_update_matches, tolerance
+from helpers.rank_results import assert_norm_matches, assert_update_matches, each_rank, tolerance
 from helpers.repo import REPO
 from helpers.split_cases import case_id, launches, results
 
@@ -42,7 +42,7 @@ def launched(extensions_dir, request):
 
 @pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_generation_matches_the_reference_weights(launched, case):
-    for rank, result in enumerate(results(launched, case)):
+    for rank, result in each_rank(results(launched, case)):
         assert all(result["generations_match"]), f"rank {rank}: tokens of step(s) {result['generations_match']}"
 
 

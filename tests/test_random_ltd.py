@@ -14,7 +14,7 @@ operations. 0.19.8 gives the same results.
 
 import pytest
 
-from helpers.rank_results import assert_update_matches, tolerance
+from helpers.rank_results import assert_update_matches, each_rank, tolerance
 from helpers.repo import REPO
 from helpers.split_cases import case_id, launches, results
 
@@ -37,7 +37,7 @@ def launched(extensions_dir, request):
 
 @pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_tokens_kept_follow_the_schedule_by_step(launched, case):
-    for rank, result in enumerate(results(launched, case)):
+    for rank, result in each_rank(results(launched, case)):
         assert result["kept_per_step"] == KEPT, f"rank {rank}: {result}"
 
 
@@ -49,5 +49,5 @@ def test_update_is_fp64_with_each_micro_batch_draw(launched, case):
 @pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_the_draws_matter(launched, case):
     """The check can fail: against a reference that keeps every token the update is far off."""
-    for rank, result in enumerate(results(launched, case)):
+    for rank, result in each_rank(results(launched, case)):
         assert result["update_error_to_every_token"] > BLIND_REFERENCE, f"rank {rank}: {result}"

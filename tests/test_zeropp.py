@@ -18,7 +18,7 @@ rank. What each promises:
 
 import pytest
 
-from helpers.rank_results import assert_norm_matches, assert_update_matches, tolerance
+from helpers.rank_results import assert_norm_matches, assert_update_matches, each_rank, tolerance
 from helpers.repo import REPO
 from helpers.split_cases import case_id, launches, results
 
@@ -55,7 +55,7 @@ def test_norm_matches_fp64_reference(launched, case):
 
 @pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_gradient_keeps_its_size(launched, case):
-    for rank, result in enumerate(results(launched, case)):
+    for rank, result in each_rank(results(launched, case)):
         assert abs(result["gradient_ratio"] - 1) <= SIZE_TOLERANCE, f"rank {rank}: {result}"
 
 
@@ -63,5 +63,5 @@ def test_gradient_keeps_its_size(launched, case):
 def test_forward_weights_are_the_weights_quantized(launched, case):
     """qwZ's forward sees each weight within a quantization step (frozen ones too); without qwZ the weights whole."""
     limit = WEIGHT_STEPS if "qwz" in case[1] else 0.0
-    for rank, result in enumerate(results(launched, case)):
+    for rank, result in each_rank(results(launched, case)):
         assert result["forward_weight_steps"] <= limit, f"rank {rank}: {result}"
