@@ -803,6 +803,13 @@ def test_a_patch_test_is_proven_only_when_pristine_fails_it_and_the_fork_passes_
     assert not proven(side("passed", "passed"), side("passed", "passed")), "pristine passes: proves nothing"
     assert not proven(side("failed"), side("passed", "failed"))
     assert not proven(side("failed"), {}), "not run on the fork"
+    # A case that skips on both sides (it needs a device) is no evidence: the cases that ran decide.
+    assert proven(side("failed", "skipped"), side("passed", "skipped"))
+    assert not proven(side("failed", "skipped"), side("skipped", "skipped")), "nothing ran on the fork"
+    assert not proven(side("failed", "passed"), side("passed", "skipped")), "the fork skips what pristine runs"
+    assert not proven(side("skipped", "skipped"), side("passed", "skipped")), "pristine fails nothing"
+    assert as_markdown(verdicts([test], side("passed", "skipped"), side("failed", "skipped"))).endswith(
+        "| 1 failed, 1 skipped | 1 passed, 1 skipped | fails on pristine, passes on the fork (1 skipped on both) |")
     table = as_markdown(verdicts([test], side("passed", "passed", "passed"), side("failed", "failed", "passed")))
     assert table.splitlines()[-1] == ("| 9009 | `tests/unit/test_fix.py` | 2 failed, 1 passed | 3 passed | "
                                       "fails on pristine, passes on the fork |")

@@ -107,8 +107,10 @@ def lay_into(tests, tests_dir):
 
 
 def verdicts(tests, fork_tests, pristine_tests):
-    """Per patch test file: (test, pristine outcomes, fork outcomes, ok). ok: every test of the file
-    passes on the fork and at least one fails on pristine (a test that pristine passes proves nothing)."""
+    """Per patch test file: (test, pristine outcomes, fork outcomes, ok). ok: at least one test of the file
+    fails on pristine (a test that pristine passes proves nothing) and the fork passes every one that it runs;
+    a case skipped on both sides (one that needs a device this machine lacks) is no evidence either way, and
+    the others decide."""
     rows = []
     for test in tests:
 
@@ -117,8 +119,19 @@ def verdicts(tests, fork_tests, pristine_tests):
 
         fork, pristine = outcomes(fork_tests), outcomes(pristine_tests)
         pristine_fails = any(kind_of(outcome) == "bad" for outcome in pristine.values())
-        rows.append((test, pristine, fork, all_passed(fork) and pristine_fails))
+        skipped = skipped_on_both(pristine, fork)
+        ran = {test_id: outcome for test_id, outcome in fork.items() if test_id not in skipped}
+        rows.append((test, pristine, fork, all_passed(ran) and pristine_fails))
     return rows
+
+
+def skipped_on_both(pristine, fork):
+    """The test ids that skip on both sides ({test id: outcome} each)."""
+    return {
+        test_id
+        for test_id, outcome in fork.items()
+        if kind_of(outcome) == "skip" and kind_of(pristine.get(test_id, "")) == "skip"
+    }
 
 
 def all_passed(outcomes):
@@ -138,5 +151,8 @@ def as_markdown(rows):
     lines = [*tables.header(["patch", "its upstream-style test", "pristine 0.19.8", "fork", "verdict"])]
     for test, pristine, fork, ok in rows:
         verdict = "fails on pristine, passes on the fork" if ok else "**NOT PROVEN**"
+        skipped = len(skipped_on_both(pristine, fork))
+        if ok and skipped:
+            verdict += f" ({skipped} skipped on both)"
         lines.append(f"| {test.number} | `tests/{test.path}` | {tally(pristine)} | {tally(fork)} | {verdict} |")
     return "\n".join(lines)
