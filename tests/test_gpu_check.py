@@ -25,7 +25,7 @@ def gpu_check():
 def test_dry_run_finds_every_command():
     proc = subprocess.run([sys.executable, str(TOOL), "--dry-run"], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "dry run of 13 check(s): OK" in proc.stdout
+    assert "dry run of 15 check(s): OK" in proc.stdout
     for name in ("fused-norm", "cuda-engines", "quantizer-wire-format", "gas-check-bf16-fused-adam",
                  "gas-check-superoffload", "gas-check-deepcompile-zero1", "gas-check-deepcompile-zero3",
                  "norm-bandwidth", "norm-host-time", "step-time-gpt2-125m", "step-time-llama-1b", "step-counts",

@@ -30,6 +30,7 @@ def test_channel_waits_for_a_whole_reply_and_gives_up_when_its_writer_is_gone(st
     assert channel.read("reply", 2, alive=lambda: True, timeout=0.05) is None
 
 
+@pytest.mark.slow  # about 110 s on 2 cores, for CI's 30 minutes; tools/gpu-check runs the benchmark itself
 def test_both_sides_answer_every_round(tmp_path, extensions_dir):
     out = tmp_path / "step_time.json"
     proc = subprocess.run([

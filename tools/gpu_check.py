@@ -245,6 +245,22 @@ def pytest_check(name, what, criterion, test_file):
         judge=judge_pytest(f"{name}.xml", "cuda"))
 
 
+def judge_fixed(report_name):
+    """tools/run-upstream-suite's report: every test it ran fails on pristine and passes on the fork."""
+
+    def judge(returncode, out):
+        path = out / report_name
+        if not path.exists():
+            return False, f"no report (exit {returncode})"
+        tests = json.loads(path.read_text())["tests"]
+        categories = sorted({row["category"] for row in tests.values()})
+        outcomes = ", ".join(f"{test_id.split('::')[-1]}: pristine {row['pristine']['outcome']}, fork "
+                             f"{row['fork']['outcome']}" for test_id, row in tests.items())
+        return bool(tests) and categories == ["fixed"], outcomes or "no test ran"
+
+    return judge
+
+
 def gas_check(name, what, config_file):
     """ds_gas_check on one GPU with one of GAS_CHECK_CONFIGS, written into the record's folder."""
     return Check(name,
@@ -269,6 +285,26 @@ def checks():
                   "bf16 ZeRO-3 SuperOffload (a speculative CPU step, rolled back under clipping)",
                   "superoffload.json"),
         gas_check("gas-check-deepcompile-zero1", "bf16 DeepCompile with its ZeRO-1 pass", "deepcompile_zero1.json"),
+        Check("deepcompile-zero1-accumulation",
+              "patch 0059's upstream-style test (DeepCompile ZeRO-1 at GAS 2, two steps) on the fork and on pristine",
+              "it fails on pristine and passes on the fork", [
+                  py, "tools/run-upstream-suite", "--tier", "patch-tests", "--files",
+                  "unit/v1/compile/test_deepcompile_zero1_accumulation.py", "--local-size", "0", "--tests", "{tests}",
+                  "--fork-python", "{fork}", "--pristine-python", "{pristine}", "--work-dir", "{out}/deepcompile-z1",
+                  "--report", "{out}/deepcompile-z1.md"
+              ],
+              needs=("pristine", "upstream-tests"),
+              judge=judge_fixed("deepcompile-z1.json"),
+              options={"tools/run-upstream-suite": ["--tier", "--files", "--local-size", "--tests"]},
+              timeout=900),
+        Check("deepcompile-native",
+              "DeepCompile's ZeRO-1/2 passes with its native op, the cases tests/test_deepcompile.py runs with the "
+              "op's torch stand-in on a CPU (1 rank)",
+              "pytest passes (norm and update against fp64 at every split)", [
+                  "env", "DS_TEST_DEEPCOMPILE_NATIVE=1", py, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rA",
+                  "tests/test_deepcompile.py", "--run-slow", "-k", "1ranks", "--junitxml={out}/deepcompile-native.xml"
+              ],
+              judge=judge_pytest("deepcompile-native.xml", "cuda")),
         gas_check("gas-check-deepcompile-zero3", "bf16 DeepCompile with its ZeRO-3 pass", "deepcompile_zero3.json"),
         Check("norm-bandwidth",
               "fused norm vs a copy, GPT-2 125M/350M gradient sets (benchmarks/grad_norm_speed.py)",
@@ -347,12 +383,17 @@ def executable(name, fork):
 
 def dry_run(selected, args):
     """Each check's scripts exist and their --help lists the options it passes; nothing else runs."""
+    from upstream_suite.patch_tests import patch_tests
+    patch_test_paths = {test.path for test in patch_tests(sorted((REPO / "patches").glob("[0-9]*.patch")))}
     problems = []
     for check in selected:
         print(f"{check.name}: {check.what}\n    criterion: {check.criterion}\n    needs: "
               f"{', '.join(check.needs) or 'the GPU only'}")
         for arg in check.argv:
-            if arg.endswith(".py") or arg.startswith("tools/"):
+            if arg.startswith("unit/"):  # a test a patch adds to upstream's tests (the patch-tests tier)
+                if arg not in patch_test_paths:
+                    problems.append(f"{check.name}: no patch adds the test {arg}")
+            elif arg.endswith(".py") or arg.startswith("tools/"):
                 if not (REPO / arg).exists():
                     problems.append(f"{check.name}: {arg} does not exist")
         for script, listed in check.options.items():

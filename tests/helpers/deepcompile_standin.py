@@ -1,0 +1,320 @@
+# SPDX-License-Identifier: Apache-2.0
+
+# DeepSpeed Team
+"""DeepCompile's native op (``csrc/compile``: CUDA streams and NCCL) for its ZeRO-1 and ZeRO-2 passes, in torch on
+any device, so that DeepCompile's own Python (the engine's hooks, the backend, the graph passes that insert
+``torch.ops.dc.reduce_grad`` and ``end_backward``, the profiler) runs on a CPU with gloo.
+
+It keeps the C++ runtime's state and order of operations, line for line where they decide a number: the parameter
+registry and its gradient targets, the reduce buckets shared by every graph (created per dtype on first use,
+cleared by the last backward graph), each graph's executor with its pending reduce tasks per dtype, the ZeRO-1
+executor's local accumulation until the step's last backward, the pre-division by the world size before a summing
+all-reduce, the copy of each parameter's slice into its target at its offset, and the C++ ``assert`` that a
+swapped bucket exists (raised here as ``NativeAssertion``, where the native build aborts the process). Streams,
+events and the bucket memory itself are left out: on one stream they order nothing. ``tools/gpu-check`` runs the
+real op."""
+
+import torch
+
+import deepspeed.comm as dist
+
+
+class NativeAssertion(AssertionError):
+    """A C++ ``assert`` of the native runtime failing (the native build aborts the process there)."""
+
+
+def _check(condition, what):
+    if not condition:
+        raise NativeAssertion(what)
+
+
+class _Param:
+
+    def __init__(self, ds_tensor, grad_buffer, offset):
+        self.ds_tensor = ds_tensor
+        self.grad_buffer = grad_buffer
+        self.offset = offset
+
+
+class _Buckets:
+    """DoubleBufferedReduceBucket: one bucket per dtype, made on first use; swap asserts it exists."""
+
+    def __init__(self, size):
+        self.size = size
+        self.current = {}
+
+    def get(self, dtype):
+        if dtype not in self.current:
+            self.current[dtype] = {"offset": 0, "size": self.size}
+        return self.current[dtype]
+
+    def swap(self, dtype):
+        _check(dtype in self.current, "DoubleBufferedReduceBucket::swap: hasKey(current_buffer_, scalar_type)")
+        self.current[dtype]["offset"] = 0
+
+    def clear(self):
+        self.current.clear()
+
+
+class _Executor:
+    """CustomOpExecutor with the ZeRO-1 (``z1``) or ZeRO-2 (``z2``) executor's overrides."""
+
+    def __init__(self, runtime, kind, ds_ids):
+        self.runtime = runtime
+        self.kind = kind
+        self.param_updated = False
+        self.reduce_tasks = {}  # dtype -> [(ds_id, send buffer)]
+        self.grad_tensors = {}  # z1: gradients accumulated locally until the step's last backward
+        self.has_acc_grad = {ds_id: False for ds_id in ds_ids}  # z2
+
+    def start_backward(self, update):
+        self.param_updated = update
+
+    def end_backward(self):
+        for dtype in list(self.reduce_tasks):
+            if self.reduce_tasks[dtype] or not self.runtime.flush_empty_skipped:
+                self.flush(dtype)
+        if self.kind == "z2" and self.param_updated:
+            for ds_id in self.has_acc_grad:
+                self.has_acc_grad[ds_id] = False
+
+    def reduce_grad(self, grad, ds_id):
+        if self.kind == "z1":
+            if ds_id not in self.grad_tensors:
+                self.grad_tensors[ds_id] = grad
+            else:
+                self.grad_tensors[ds_id].add_(grad)
+            if self.param_updated:
+                self._reduce(self.grad_tensors.pop(ds_id), ds_id)
+            return
+        self._reduce(grad, ds_id)
+
+    def _reduce(self, grad, ds_id):
+        dtype = grad.dtype
+        bucket = self.runtime.buckets.get(dtype)
+        if bucket["offset"] > 0 and bucket["offset"] + grad.numel() > bucket["size"]:
+            self.flush(dtype)
+            bucket = self.runtime.buckets.get(dtype)
+        if grad.numel() > bucket["size"]:
+            bucket["size"] = grad.numel()
+        bucket["offset"] += grad.numel()
+        self.reduce_tasks.setdefault(dtype, []).append((ds_id, grad.contiguous().view(-1).detach().clone()))
+
+    def flush(self, dtype):
+        if dtype not in self.reduce_tasks:
+            return
+        runtime = self.runtime
+        world_size = dist.get_world_size(group=runtime.process_group)
+        for _, send in self.reduce_tasks[dtype]:
+            if runtime.pre_div_reduce:
+                send.div_(world_size)
+            dist.all_reduce(send, group=runtime.process_group)  # ncclSum after the pre-division
+        for ds_id, send in self.reduce_tasks[dtype]:
+            param = runtime.params[ds_id]
+            target = param.grad_buffer.view(-1)
+            if target.numel() == 0:
+                continue
+            received = send[param.offset:param.offset + target.numel()]
+            if self.kind == "z2" and self.has_acc_grad[ds_id]:
+                target.add_(received)
+            else:
+                target.copy_(received)
+            if self.kind == "z2":
+                self.has_acc_grad[ds_id] = True
+        runtime.buckets.swap(dtype)
+        self.reduce_tasks[dtype].clear()
+
+
+class DeepCompileStandIn:
+    """The handle ``get_deepcompile_handle()`` returns, for the ZeRO-1/2 passes."""
+
+    def __init__(self):
+        self.profile = False
+        self.executors = {}
+        self.params = {}
+        self.buckets = None
+        self.process_group = None
+        self.pre_div_reduce = True
+        # The native op's fix (patch 0059): a dtype with no pending task is not flushed at the end of a backward.
+        self.flush_empty_skipped = True
+
+    def init(self, process_group, config, reduce_bucket_size):
+        self.process_group = process_group
+        self.params = {}
+        self.buckets = _Buckets(int(reduce_bucket_size))
+
+    def cleanup(self):
+        self.reset()
+        self.buckets = None
+        self.params = {}
+        self.process_group = None
+        self.profile = False
+
+    def reset(self):
+        self.executors.clear()
+
+    def enable_profiling(self, enable):
+        self.profile = enable
+
+    def is_profiling(self):
+        return self.profile
+
+    def register_param(self, ds_id, shape, ds_tensor, grad_buffer, offset):
+        grad_buffer.zero_()
+        self.params[ds_id] = _Param(ds_tensor, grad_buffer, int(offset))
+
+    def update_param_grad_buffer(self, ds_id, grad_buffer, offset):
+        if grad_buffer.numel() > 0:
+            grad_buffer.zero_()
+        self.params[ds_id].grad_buffer = grad_buffer
+        self.params[ds_id].offset = int(offset)
+
+    def register_graph_z1(self, graph_id, ds_ids):
+        self.executors[graph_id] = _Executor(self, "z1", ds_ids)
+
+    def register_graph_z2(self, graph_id, ds_ids):
+        self.executors[graph_id] = _Executor(self, "z2", ds_ids)
+
+    def start_forward(self):
+        pass
+
+    def end_forward(self):
+        pass
+
+    def start_backward(self, update):
+        for executor in self.executors.values():
+            executor.start_backward(update)
+
+    def clear_all_gathered_params(self):
+        pass
+
+    def invalidate_gathered_param(self, ds_id):
+        pass
+
+    # the ops behind torch.ops.dc
+
+    def reduce_grad(self, grad, graph_id, ds_id):
+        _check(graph_id in self.executors, "hasKey(executors, graph_id)")
+        if not self.profile:
+            self.executors[graph_id].reduce_grad(grad, ds_id)
+        return grad.new_empty(0)
+
+    def end_backward(self, graph_id, release_reduce_buckets):
+        self.executors[graph_id].end_backward()
+        if release_reduce_buckets:
+            self.buckets.clear()
+
+
+def _is_fake(value):
+    from torch._subclasses.fake_tensor import FakeTensor
+    if isinstance(value, (list, tuple)):
+        return any(_is_fake(v) for v in value)
+    return isinstance(value, FakeTensor) or (isinstance(value, torch.Tensor) and value.is_meta)
+
+
+_LIBRARY = None
+
+
+def _run_on_this_device():
+    """What DeepCompile's Python assumes of a CUDA device, on another one (the CPU accelerator): that it is
+    supported, that its passes' comparison ops are known, that ``current_device()`` names a device torch takes, and
+    that its profiler may fork the device's RNG."""
+    import operator
+
+    import deepspeed.compile.util as dc_util
+    import deepspeed.runtime.engine as engine_module
+    from deepspeed.accelerator import get_accelerator
+
+    accelerator = get_accelerator()
+    if accelerator.device_name() == "cuda":
+        return
+    dc_util.sym_size_ops = {
+        operator.ge, operator.le, operator.eq, operator.ne, operator.gt, operator.lt, torch.ops.aten.sym_size.int,
+        operator.getitem
+    }
+    dc_util.is_deepcompile_supported = lambda: True
+    engine_module.is_deepcompile_supported = lambda: True
+    device = accelerator.current_device_name()
+    accelerator.current_device = lambda: device
+
+    class Random:
+
+        def __getattr__(self, name):
+            return getattr(torch.random, name)
+
+        @staticmethod
+        def fork_rng(devices=None, **kwargs):
+            return torch.random.fork_rng(devices=[])
+
+    accelerator.random = lambda: Random()
+
+    # The memory profiler runs each compiled graph node by node with a collective per node, to record memory that
+    # only ZeRO-3's prefetch and selective gather read. On 2 CPU ranks those collectives stalled now and then
+    # (gloo: "Timed out waiting ... for send"); it records nothing here.
+    import deepspeed.compile.backend as backend
+
+    class NoMemoryProfile:
+        profile_complete = False
+        mem_record = []
+
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def run(self, *args):
+            return None
+
+    backend.MemoryProfilingInterpreter = NoMemoryProfile
+
+
+def install(flush_empty_skipped=True):
+    """The stand-in as DeepCompile's native handle and as the ``torch.ops.dc`` ops DeepCompile's passes insert
+    (defined once per process, with the native op's schemas); off CUDA, DeepCompile's Python made to run on the
+    device. ``flush_empty_skipped=False``: the native op before patch 0059. Returns the handle."""
+    global _LIBRARY
+    import deepspeed.compile.util as dc_util
+
+    _run_on_this_device()
+    # One handle per process, as the native op is one module: what an engine registered stays until the next
+    # engine's init() replaces it.
+    handle = dc_util.dc_handle if isinstance(dc_util.dc_handle, DeepCompileStandIn) else DeepCompileStandIn()
+    handle.flush_empty_skipped = flush_empty_skipped
+    handle.pre_div_reduce = True
+    dc_util.dc_handle = handle
+    if _LIBRARY is None:
+        library = torch.library.Library("dc", "DEF")
+        schemas = [
+            "allgather_param(Tensor a, int graph_id, int id, ScalarType? dtype = None) -> Tensor",
+            "prefetch_params_fused(int graph_id, Tensor[] params, int[] ids, ScalarType[]? dtypes = None) -> ()",
+            "wait_allgather(Tensor(a) a, int graph_id, int id) -> Tensor(a)",
+            "release_param(Tensor(a) a, int graph_id, int id, int n_users) -> Tensor(a)",
+            "reduce_grad(Tensor a, int graph_id, int id) -> Tensor",
+            "free_tensors(Tensor[] a) -> ()",
+            "offload_tensor(Tensor a, int id, int id) -> Tensor",
+            "reload_tensor(Tensor a, int id, int id) -> Tensor",
+            "wait_offload(Tensor a, int id, int id) -> Tensor",
+            "wait_reload(Tensor a, int id, int id) -> Tensor",
+            "offload_parameter(Tensor a, int id, int id) -> ()",
+            "reload_parameter(Tensor a, int id, int id) -> ()",
+            "end_backward(Any deps, int graph_id, bool release_reduce_buckets) -> ()",
+            "test_call(Tensor a) -> Tensor",
+        ]
+        for schema in schemas:
+            library.define(schema)
+
+        def reduce_grad(grad, graph_id, ds_id):
+            if _is_fake(grad):
+                return grad.new_empty(0)
+            return dc_util.dc_handle.reduce_grad(grad, graph_id, ds_id)
+
+        def end_backward(deps, graph_id, release_reduce_buckets):
+            if not _is_fake(deps):
+                dc_util.dc_handle.end_backward(graph_id, release_reduce_buckets)
+
+        def free_tensors(tensors):
+            pass
+
+        library.impl("reduce_grad", reduce_grad, "CompositeExplicitAutograd")
+        library.impl("end_backward", end_backward, "CompositeExplicitAutograd")
+        library.impl("free_tensors", free_tensors, "CompositeExplicitAutograd")
+        _LIBRARY = library
+    return handle
