@@ -76,3 +76,16 @@ def test_control_native_op_of_0_19_8_stops_accumulating_splits(launched, case):
         else:
             assert "DoubleBufferedReduceBucket::swap" in result.get("aborted", ""), f"rank {rank}: {result}"
             assert result["optimizer_steps"] == 1, f"rank {rank}: {result}"
+
+
+@pytest.mark.parametrize("case", [(2, path, 2, 2) for path in ("zero1_fp32_eager_head", "zero2_fp32_clip_eager_head")],
+                         ids=case_id)
+def test_a_gradient_computed_outside_the_compiled_backward_is_refused(launched, case):
+    """The last layer under torch.compiler.disable: the forward's loop over the layers then runs eagerly as a whole,
+    so every gradient is computed outside DeepCompile's compiled backward, which alone reduces them. The backward
+    raises and names them (patch 0061); 0.19.8 trains on, its step on zero gradients."""
+    for rank, result in each_rank(results(launched, case)):
+        refused = result.get("refused", "")
+        assert "6 parameter(s) got their gradient outside DeepCompile's compiled backward" in refused, \
+            f"rank {rank}: {result}"
+        assert result["optimizer_steps"] == 0, f"rank {rank}: {result}"

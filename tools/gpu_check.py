@@ -285,11 +285,13 @@ def checks():
                   "bf16 ZeRO-3 SuperOffload (a speculative CPU step, rolled back under clipping)",
                   "superoffload.json"),
         gas_check("gas-check-deepcompile-zero1", "bf16 DeepCompile with its ZeRO-1 pass", "deepcompile_zero1.json"),
-        Check("deepcompile-zero1-accumulation",
-              "patch 0059's upstream-style test (DeepCompile ZeRO-1 at GAS 2, two steps) on the fork and on pristine",
-              "it fails on pristine and passes on the fork", [
+        Check("deepcompile-patch-tests",
+              "the upstream-style tests of patches 0059 (DeepCompile ZeRO-1 at GAS 2, two steps) and 0061 (a head "
+              "under torch.compiler.disable) on the fork and on pristine",
+              "each fails on pristine and passes on the fork", [
                   py, "tools/run-upstream-suite", "--tier", "patch-tests", "--files",
-                  "unit/v1/compile/test_deepcompile_zero1_accumulation.py", "--local-size", "0", "--tests", "{tests}",
+                  "unit/v1/compile/test_deepcompile_zero1_accumulation.py",
+                  "unit/v1/compile/test_deepcompile_unreduced_gradients.py", "--local-size", "0", "--tests", "{tests}",
                   "--fork-python", "{fork}", "--pristine-python", "{pristine}", "--work-dir", "{out}/deepcompile-z1",
                   "--report", "{out}/deepcompile-z1.md"
               ],
