@@ -11,8 +11,8 @@ cleared by the last backward graph), each graph's executor with its pending redu
 executor's local accumulation until the step's last backward, the pre-division by the world size before a summing
 all-reduce, the copy of each parameter's slice into its target at its offset, and the C++ ``assert`` that a
 swapped bucket exists (raised here as ``NativeAssertion``, where the native build aborts the process). Streams,
-events and the bucket memory itself are left out: on one stream they order nothing. ``tools/gpu-check`` runs the
-real op."""
+events and the bucket memory itself are left out: on one stream they order nothing. Off CUDA, DeepCompile's memory
+profiler is left out too: it only records, for ZeRO-3's scheduling. ``tools/gpu-check`` runs the real op."""
 
 import torch
 
@@ -218,7 +218,7 @@ _LIBRARY = None
 def _run_on_this_device():
     """What DeepCompile's Python assumes of a CUDA device, on another one (the CPU accelerator): that it is
     supported, that its passes' comparison ops are known, that ``current_device()`` names a device torch takes, and
-    that its profiler may fork the device's RNG."""
+    that its profiler may fork the device's RNG; and its memory profiler left out."""
     import operator
 
     import deepspeed.compile.util as dc_util
