@@ -292,11 +292,11 @@ def checks():
                   py, "tools/run-upstream-suite", "--tier", "patch-tests", "--files",
                   "unit/v1/compile/test_deepcompile_zero1_accumulation.py",
                   "unit/v1/compile/test_deepcompile_unreduced_gradients.py", "--local-size", "0", "--tests", "{tests}",
-                  "--fork-python", "{fork}", "--pristine-python", "{pristine}", "--work-dir", "{out}/deepcompile-z1",
-                  "--report", "{out}/deepcompile-z1.md"
+                  "--fork-python", "{fork}", "--pristine-python", "{pristine}", "--work-dir",
+                  "{out}/deepcompile-patch-tests", "--report", "{out}/deepcompile-patch-tests.md"
               ],
               needs=("pristine", "upstream-tests"),
-              judge=judge_fixed("deepcompile-z1.json"),
+              judge=judge_fixed("deepcompile-patch-tests.json"),
               options={"tools/run-upstream-suite": ["--tier", "--files", "--local-size", "--tests"]},
               timeout=900),
         Check("deepcompile-native",

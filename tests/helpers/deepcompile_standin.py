@@ -278,7 +278,6 @@ def install(flush_empty_skipped=True):
     # engine's init() replaces it.
     handle = dc_util.dc_handle if isinstance(dc_util.dc_handle, DeepCompileStandIn) else DeepCompileStandIn()
     handle.flush_empty_skipped = flush_empty_skipped
-    handle.pre_div_reduce = True
     dc_util.dc_handle = handle
     if _LIBRARY is None:
         library = torch.library.Library("dc", "DEF")

@@ -14,18 +14,11 @@ layer runs eagerly (``torch.compiler.disable``), outside DeepCompile's compiled 
 DS_TEST_DEEPCOMPILE_NATIVE set (``tools/gpu-check``, one GPU) the native op itself runs.
 """
 
-import atexit
 import os
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-# Each rank compiles in a cache of its own, removed at exit: with one cache for both ranks, DeepCompile's profiling
-# collectives stalled here (seen twice, not explained).
-os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="deepcompile-inductor-")
-atexit.register(shutil.rmtree, os.environ["TORCHINDUCTOR_CACHE_DIR"], ignore_errors=True)
 
 import torch  # noqa: E402
 
