@@ -757,10 +757,11 @@ def test_each_patch_passes_its_test_with_only_the_patches_before_it(tmp_path, ex
 
 def test_a_prefix_runs_its_own_package_and_fails_unless_every_test_of_its_patch_passed(tmp_path):
     """A prefix's package comes first on the path of every process it starts; its verdict fails on a
-    failed, errored or missing test of its patch (a patch whose test needs a later patch fails here)."""
+    failed, errored or missing test of its patch (a patch whose test needs a later patch fails here); skipped
+    cases count for neither side."""
     from upstream_suite.execute import child_environ
     from upstream_suite.patch_tests import PatchTest
-    from upstream_suite.prefixes import Prefix, prefixes, side_of, verdict
+    from upstream_suite.prefixes import Prefix, as_markdown, every_case_skipped, prefixes, side_of, verdict
     bundles = [tmp_path / name for name in ("9001-Label", "9002-Fix-one", "9003-Fix-two")]
     tests = [PatchTest("9002-Fix-one", "unit/test_one.py", ""), PatchTest("9003-Fix-two", "unit/test_two.py", "")]
     found = prefixes(bundles, tests, not_for_upstream=("9001", ))
@@ -784,6 +785,15 @@ def test_a_prefix_runs_its_own_package_and_fails_unless_every_test_of_its_patch_
     assert not verdict(two, outcomes(passed[0], ("unit/test_three.py::test_b", "error")))[1]
     assert not verdict(two, outcomes(passed[0]))[1], "a test file that did not run is no pass"
     assert not verdict(two, outcomes())[1]
+    # A case that needs a device this machine lacks is no evidence: the cases that ran decide, and a patch whose
+    # every case skipped is not run here, which is neither a pass nor a failure.
+    skipped = ("unit/test_three.py::test_c", "skipped")
+    assert verdict(two, outcomes(*passed, skipped))[1]
+    assert not verdict(two, outcomes(passed[0], ("unit/test_three.py::test_b", "failed"), skipped))[1]
+    only_skips = verdict(two, outcomes(("unit/test_two.py::test_a", "skipped"), skipped))
+    assert not only_skips[1] and every_case_skipped(only_skips[0])
+    table = as_markdown([(two, *only_skips), (two, *verdict(two, outcomes(passed[0])))])
+    assert "| not run here (every case skipped) |" in table and "| **FAILS** |" in table
 
 
 def test_a_patch_test_is_proven_only_when_pristine_fails_it_and_the_fork_passes_every_case():

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from upstream_suite import patch_tests
 from upstream_suite.execute import Side
+from upstream_suite.outcomes import kind_of
 from toolkit import tables
 
 
@@ -68,11 +69,25 @@ def side_of(prefix, python, site, extensions_dir):
 
 
 def verdict(prefix, outcomes):
-    """(outcomes of the prefix's tests, ok): ok when every one of its tests ran and passed."""
+    """(outcomes of the prefix's tests, ok): ok when every one of its test files ran and every case that ran passed.
+    A skipped case (one that needs a device this machine lacks) is no evidence either way; a patch whose every case
+    skipped is not ok, and ``every_case_skipped`` tells it from a failure."""
     paths = {test.path for test in prefix.tests}
     mine = {test_id: result["outcome"] for test_id, result in outcomes.tests.items() if result["unit"] in paths}
     ran_every_file = paths <= {result["unit"] for result in outcomes.tests.values()}
-    return mine, ran_every_file and patch_tests.all_passed(mine)
+    ran = {test_id: outcome for test_id, outcome in mine.items() if kind_of(outcome) != "skip"}
+    return mine, ran_every_file and patch_tests.all_passed(ran)
+
+
+def every_case_skipped(outcomes):
+    """Whether ``outcomes`` ({test id: outcome}) holds cases and every one skipped: the prefix proved nothing here."""
+    return bool(outcomes) and all(kind_of(outcome) == "skip" for outcome in outcomes.values())
+
+
+def verdict_text(outcomes, ok):
+    if ok:
+        return "passes"
+    return "not run here (every case skipped)" if every_case_skipped(outcomes) else "**FAILS**"
 
 
 def as_markdown(rows):
@@ -81,8 +96,8 @@ def as_markdown(rows):
     ]
     for prefix, outcomes, ok in rows:
         files = "; ".join(f"`tests/{test.path}`" for test in prefix.tests) or "(none)"
-        lines.append(f"| 0001-{prefix.number} | {files} | {patch_tests.tally(outcomes)} | "
-                     f"{'passes' if ok else '**FAILS**'} |")
+        lines.append(
+            f"| 0001-{prefix.number} | {files} | {patch_tests.tally(outcomes)} | {verdict_text(outcomes, ok)} |")
     return "\n".join(lines)
 
 
