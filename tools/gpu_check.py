@@ -300,7 +300,7 @@ def checks():
               options={"tools/run-upstream-suite": ["--tier", "--files", "--local-size", "--tests"]},
               timeout=900),
         Check("deepcompile-native",
-              "DeepCompile's ZeRO-1/2 passes with its native op, the cases tests/test_deepcompile.py runs with the "
+              "DeepCompile's ZeRO-1/2/3 passes with its native op, the cases tests/test_deepcompile.py runs with the "
               "op's torch stand-in on a CPU (1 rank)",
               "pytest passes (norm and update against fp64 at every split)", [
                   "env", "DS_TEST_DEEPCOMPILE_NATIVE=1", py, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rA",

@@ -1,18 +1,23 @@
 # SPDX-License-Identifier: Apache-2.0
 
 # DeepSpeed Team
-"""DeepCompile's native op (``csrc/compile``: CUDA streams and NCCL) for its ZeRO-1 and ZeRO-2 passes, in torch on
-any device, so that DeepCompile's own Python (the engine's hooks, the backend, the graph passes that insert
-``torch.ops.dc.reduce_grad`` and ``end_backward``, the profiler) runs on a CPU with gloo.
+"""DeepCompile's native op (``csrc/compile``: CUDA streams and NCCL) for its ZeRO-1, ZeRO-2 and ZeRO-3 passes, in torch
+on any device, so that DeepCompile's own Python (the engine's hooks, the backend, the graph passes that insert
+``torch.ops.dc.reduce_grad``, ``end_backward`` and ZeRO-3's ``allgather_param`` / ``release_param``, the profiler) runs
+on a CPU with gloo.
 
 It keeps the C++ runtime's state and order of operations, line for line where they decide a number: the parameter
 registry and its gradient targets, the reduce buckets shared by every graph (created per dtype on first use,
 cleared by the last backward graph), each graph's executor with its pending reduce tasks per dtype, the ZeRO-1
 executor's local accumulation until the step's last backward, the pre-division by the world size before a summing
-all-reduce, the copy of each parameter's slice into its target at its offset, and the C++ ``assert`` that a
+all-reduce (ZeRO-3: a reduce-scatter into each rank's partition, added to it after the step's first backward), the
+copy of each parameter's slice into its target at its offset, ZeRO-3's gather of a parameter's partitions (its first
+numel elements, in the dtype the graph asks for), and the C++ ``assert`` that a
 swapped bucket exists (raised here as ``NativeAssertion``, where the native build aborts the process). Streams,
 events and the bucket memory itself are left out: on one stream they order nothing. Off CUDA, DeepCompile's memory
-profiler is left out too: it only records, for ZeRO-3's scheduling. ``tools/gpu-check`` runs the real op."""
+profiler is left out too (it only records, for ZeRO-3's scheduling), and so is ZeRO-3's operator profiler, which
+needs the device's timing events: without them it fails at its first timed node and the pass takes default metadata,
+as it does here. ``tools/gpu-check`` runs the real op."""
 
 import torch
 
@@ -30,10 +35,12 @@ def _check(condition, what):
 
 class _Param:
 
-    def __init__(self, ds_tensor, grad_buffer, offset):
+    def __init__(self, ds_tensor, grad_buffer, offset, shape=None, grad_dtype=None):
         self.ds_tensor = ds_tensor
         self.grad_buffer = grad_buffer
         self.offset = offset
+        self.shape = shape  # ZeRO-3: the whole parameter's shape
+        self.grad_dtype = grad_dtype  # ZeRO-3: the dtype a gradient is cast to before its bucket
 
 
 class _Buckets:
@@ -57,7 +64,7 @@ class _Buckets:
 
 
 class _Executor:
-    """CustomOpExecutor with the ZeRO-1 (``z1``) or ZeRO-2 (``z2``) executor's overrides."""
+    """CustomOpExecutor with the ZeRO-1 (``z1``), ZeRO-2 (``z2``) or ZeRO-3 (``z3``) executor's overrides."""
 
     def __init__(self, runtime, kind, ds_ids):
         self.runtime = runtime
@@ -65,7 +72,7 @@ class _Executor:
         self.param_updated = False
         self.reduce_tasks = {}  # dtype -> [(ds_id, send buffer)]
         self.grad_tensors = {}  # z1: gradients accumulated locally until the step's last backward
-        self.has_acc_grad = {ds_id: False for ds_id in ds_ids}  # z2
+        self.has_acc_grad = {ds_id: False for ds_id in ds_ids}  # z2, z3
 
     def start_backward(self, update):
         self.param_updated = update
@@ -74,11 +81,14 @@ class _Executor:
         for dtype in list(self.reduce_tasks):
             if self.reduce_tasks[dtype] or not self.runtime.flush_empty_skipped:
                 self.flush(dtype)
-        if self.kind == "z2" and self.param_updated:
+        if self.kind in ("z2", "z3") and self.param_updated:
             for ds_id in self.has_acc_grad:
                 self.has_acc_grad[ds_id] = False
 
     def reduce_grad(self, grad, ds_id):
+        grad_dtype = self.runtime.params[ds_id].grad_dtype
+        if grad_dtype is not None and grad.dtype != grad_dtype:
+            grad = grad.to(grad_dtype)
         if self.kind == "z1":
             if ds_id not in self.grad_tensors:
                 self.grad_tensors[ds_id] = grad
@@ -105,6 +115,9 @@ class _Executor:
             return
         runtime = self.runtime
         world_size = dist.get_world_size(group=runtime.process_group)
+        if self.kind == "z3":
+            self._reduce_scatter(dtype, world_size)
+            return
         for _, send in self.reduce_tasks[dtype]:
             if runtime.pre_div_reduce:
                 send.div_(world_size)
@@ -124,9 +137,35 @@ class _Executor:
         runtime.buckets.swap(dtype)
         self.reduce_tasks[dtype].clear()
 
+    def _reduce_scatter(self, dtype, world_size):
+        """ZeRO-3: each gradient reduce-scattered into this rank's partition of it, which is the parameter's grad
+        buffer: copied there by the step's first backward, added by the others (``accumulate=False``, a control:
+        copied every time, so only the last micro-batch counts)."""
+        runtime = self.runtime
+        for ds_id, send in self.reduce_tasks[dtype]:
+            param = runtime.params[ds_id]
+            partition = param.ds_tensor.numel()
+            padded = send.new_zeros(partition * world_size)
+            padded[:send.numel()] = send
+            if runtime.pre_div_reduce:
+                padded.div_(world_size)
+            received = send.new_empty(partition)
+            dist.reduce_scatter_tensor(received, padded, group=runtime.process_group)
+            target = param.grad_buffer.view(-1)
+            if target.numel() == 0:
+                continue
+            received = received[:target.numel()].to(target.dtype)
+            if self.has_acc_grad[ds_id] and runtime.accumulate:
+                target.add_(received)
+            else:
+                target.copy_(received)
+            self.has_acc_grad[ds_id] = True
+        runtime.buckets.swap(dtype)
+        self.reduce_tasks[dtype].clear()
+
 
 class DeepCompileStandIn:
-    """The handle ``get_deepcompile_handle()`` returns, for the ZeRO-1/2 passes."""
+    """The handle ``get_deepcompile_handle()`` returns, for the ZeRO-1/2/3 passes."""
 
     def __init__(self):
         self.profile = False
@@ -137,6 +176,7 @@ class DeepCompileStandIn:
         self.pre_div_reduce = True
         # The native op's fix (patch 0059): a dtype with no pending task is not flushed at the end of a backward.
         self.flush_empty_skipped = True
+        self.accumulate = True  # False: a control whose ZeRO-3 gradients overwrite the step's earlier ones
 
     def init(self, process_group, config, reduce_bucket_size):
         self.process_group = process_group
@@ -174,6 +214,27 @@ class DeepCompileStandIn:
 
     def register_graph_z2(self, graph_id, ds_ids):
         self.executors[graph_id] = _Executor(self, "z2", ds_ids)
+
+    def register_z3_param(self, ds_id, shape, ds_tensor, grad_buffer, persistent, expected_grad_dtype):
+        self.params[ds_id] = _Param(ds_tensor, grad_buffer, 0, tuple(shape), expected_grad_dtype)
+
+    def register_graph_z3(self, graph_id, ds_ids):
+        self.executors[graph_id] = _Executor(self, "z3", ds_ids)
+
+    def set_persistent(self, ds_id):
+        pass  # the native op allocates the gathered buffer here; this stand-in gathers at every use
+
+    def allgather_param(self, ds_id, dtype):
+        """The whole parameter from every rank's partition, in ``dtype`` (default: the partition's)."""
+        param = self.params[ds_id]
+        world_size = dist.get_world_size(group=self.process_group)
+        gathered = param.ds_tensor.new_empty(param.ds_tensor.numel() * world_size)
+        dist.all_gather_into_tensor(gathered, param.ds_tensor.reshape(-1), group=self.process_group)
+        numel = 1
+        for size in param.shape:
+            numel *= size
+        whole = gathered[:numel].view(param.shape)
+        return whole if dtype is None else whole.to(dtype)
 
     def start_forward(self):
         pass
@@ -218,7 +279,7 @@ _LIBRARY = None
 def _run_on_this_device():
     """What DeepCompile's Python assumes of a CUDA device, on another one (the CPU accelerator): that it is
     supported, that its passes' comparison ops are known, that ``current_device()`` names a device torch takes, and
-    that its profiler may fork the device's RNG; and its memory profiler left out."""
+    that its profiler may fork the device's RNG; and its memory profiler and ZeRO-3's operator profiler left out."""
     import operator
 
     import deepspeed.compile.util as dc_util
@@ -265,11 +326,27 @@ def _run_on_this_device():
 
     backend.MemoryProfilingInterpreter = NoMemoryProfile
 
+    # ZeRO-3's operator profiler times each node with the device's events, which the CPU accelerator lacks: it fails
+    # at the first node it times, and the pass goes on with default metadata for every node. It is left out with
+    # that outcome, and without its collectives (on 2 loaded CPU ranks gloo stalled twice in one of them, both ranks in
+    # the same all-reduce of a real tensor; not explained).
+    import deepspeed.compile.passes.zero3_compile as zero3_compile
+    from deepspeed.compile.profilers import graph_profile
 
-def install(flush_empty_skipped=True):
+    class NoOperatorProfile(graph_profile.ProfilingInterpreter):
+
+        def run(self, *args):
+            graph_profile._backfill_missing_profile_metadata(self.graph, profile_complete=False)
+            return None
+
+    zero3_compile.ProfilingInterpreter = NoOperatorProfile
+
+
+def install(flush_empty_skipped=True, accumulate=True):
     """The stand-in as DeepCompile's native handle and as the ``torch.ops.dc`` ops DeepCompile's passes insert
     (defined once per process, with the native op's schemas); off CUDA, DeepCompile's Python made to run on the
-    device. ``flush_empty_skipped=False``: the native op before patch 0059. Returns the handle."""
+    device. ``flush_empty_skipped=False``: the native op before patch 0059; ``accumulate=False``: a control whose
+    ZeRO-3 reductions overwrite the gradients of the step's earlier micro-batches. Returns the handle."""
     global _LIBRARY
     import deepspeed.compile.util as dc_util
 
@@ -278,6 +355,7 @@ def install(flush_empty_skipped=True):
     # engine's init() replaces it.
     handle = dc_util.dc_handle if isinstance(dc_util.dc_handle, DeepCompileStandIn) else DeepCompileStandIn()
     handle.flush_empty_skipped = flush_empty_skipped
+    handle.accumulate = accumulate
     dc_util.dc_handle = handle
     if _LIBRARY is None:
         library = torch.library.Library("dc", "DEF")
@@ -312,8 +390,24 @@ def install(flush_empty_skipped=True):
         def free_tensors(tensors):
             pass
 
+        def allgather_param(param, graph_id, ds_id, dtype=None):
+            registered = dc_util.dc_handle.params[ds_id]
+            if _is_fake(param):
+                return param.new_empty(registered.shape, dtype=dtype or registered.ds_tensor.dtype)
+            return dc_util.dc_handle.allgather_param(ds_id, dtype)
+
+        def passed_through(tensor, graph_id, ds_id, n_users=None):
+            return tensor
+
+        def prefetch_params_fused(graph_id, params, ds_ids, dtypes=None):
+            pass  # the gather happens at allgather_param
+
         library.impl("reduce_grad", reduce_grad, "CompositeExplicitAutograd")
         library.impl("end_backward", end_backward, "CompositeExplicitAutograd")
         library.impl("free_tensors", free_tensors, "CompositeExplicitAutograd")
+        library.impl("allgather_param", allgather_param, "CompositeExplicitAutograd")
+        library.impl("wait_allgather", passed_through, "CompositeExplicitAutograd")
+        library.impl("release_param", passed_through, "CompositeExplicitAutograd")
+        library.impl("prefetch_params_fused", prefetch_params_fused, "CompositeExplicitAutograd")
         _LIBRARY = library
     return handle

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 
 # DeepSpeed Team
-"""Rank worker (1 or 2 ranks): DeepCompile's ZeRO-1 and ZeRO-2 passes (``compile.deepcompile``), the engine compiled
+"""Rank worker (1 or 2 ranks): DeepCompile's ZeRO-1, ZeRO-2 and ZeRO-3 passes (``compile.deepcompile``), the engine compiled
 with ``engine.compile()`` before it trains, two SGD steps of one global batch of 4 per rank at micro-batch x GAS 4x1,
 2x2 and 1x4, against fp64 on the whole batch: the reported grad norm and the update of the fp32 master weights.
 
@@ -10,7 +10,10 @@ reduced through the process group; the rest is DeepCompile's own Python (the eng
 that put the reductions into the compiled backward, the profiler) and the ZeRO optimizer's step. Case names
 ``<path>[_native_0_19_8]_m<micro>_g<gas>``: ``native_0_19_8`` runs the stand-in as 0.19.8's native op, which
 flushes an emptied bucket (where the native build aborts, the case reports the assertion); ``eager_head``: the last
-layer runs eagerly (``torch.compiler.disable``), outside DeepCompile's compiled backward. With
+layer runs eagerly (``torch.compiler.disable``), outside DeepCompile's compiled backward; ``no_accumulation`` (a
+control): the stand-in's ZeRO-3 reduction overwrites the gradients of the step's earlier micro-batches;
+``gas_check_zero<stage>_m4_g4``: ds_gas_check's own check of ``tools/gpu-check``'s DeepCompile config (4x4 in its
+config; the check trains its default splits; the fork only). With
 DS_TEST_DEEPCOMPILE_NATIVE set (``tools/gpu-check``, one GPU) the native op itself runs.
 """
 
@@ -38,6 +41,8 @@ PATHS = {  # path -> (ZeRO stage, extra config, clip)
     "zero1_bf16_clip": (1, BF16, CLIP),
     "zero2_fp32_clip": (2, {}, CLIP),
     "zero2_bf16": (2, BF16, 0.0),
+    "zero3_fp32": (3, {}, 0.0),
+    "zero3_bf16_clip": (3, BF16, CLIP),
 }
 
 
@@ -74,12 +79,12 @@ def reference_training(inputs, targets, clip):
     return norms, {name: p.detach().clone() for name, p in model.named_parameters()}
 
 
-def case(path, micro, gas, native_0_19_8=False, eager_head=False):
+def case(path, micro, gas, native_0_19_8=False, eager_head=False, accumulate=True):
 
     def run():
         stage, extra, clip = PATHS[path]
         if not os.environ.get(NATIVE):
-            deepcompile_standin.install(flush_empty_skipped=not native_0_19_8)
+            deepcompile_standin.install(flush_empty_skipped=not native_0_19_8, accumulate=accumulate)
         ranks, rank = dist.get_world_size(), dist.get_rank()
         batches = [global_batch(PER_RANK * ranks, seed=4321 + step) for step in range(STEPS)]
         config = dict(sgd_config(micro, gas, clip, LR),
@@ -119,8 +124,36 @@ def case(path, micro, gas, native_0_19_8=False, eager_head=False):
     return run
 
 
+def gas_check_case(stage):
+    """``ds_gas_check``'s own check (``check_gas_invariance``, the engine compiled) of the DeepCompile config that
+    ``tools/gpu-check`` gives it on a GPU (bf16, Adam, clipping below the norm), at its default splits."""
+
+    def run():
+        from deepspeed.gafix.gas_check import check_gas_invariance
+        from helpers.repo import REPO, load_script
+        if not os.environ.get(NATIVE):
+            deepcompile_standin.install()
+        sys.path.insert(0, str(REPO / "tools"))  # gpu_check's own imports
+        config = load_script("tools/gpu_check.py").deepcompile(stage)
+        return [{
+            "split": result.name,
+            "verdict": result.verdict,
+            "norm_error": result.norm_error,
+            "update_error": max(result.update_errors),
+            "tolerance": result.tolerance,
+        } for result in check_gas_invariance(config, compiled=True)]
+
+    return run
+
+
 if __name__ == "__main__":
     cases = {f"{p}_m{m}_g{g}": case(p, m, g) for p in PATHS for m, g in SPLITS}
     cases.update({f"zero1_fp32_native_0_19_8_m{m}_g{g}": case("zero1_fp32", m, g, True) for m, g in SPLITS})
     cases.update({f"{p}_eager_head_m2_g2": case(p, 2, 2, eager_head=True) for p in ("zero1_fp32", "zero2_fp32_clip")})
+    cases.update({f"gas_check_zero{stage}_m4_g4": gas_check_case(stage) for stage in (1, 3)})
+    if not os.environ.get(NATIVE):  # a control of the stand-in's: its ZeRO-3 reduction keeps only the last micro-batch
+        cases.update({
+            f"zero3_fp32_no_accumulation_m{m}_g{g}": case("zero3_fp32", m, g, accumulate=False)
+            for m, g in SPLITS
+        })
     run_cases(cases)
