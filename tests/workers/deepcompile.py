@@ -2,8 +2,9 @@
 
 # DeepSpeed Team
 """Rank worker (1 or 2 ranks): DeepCompile's ZeRO-1, ZeRO-2 and ZeRO-3 passes (``compile.deepcompile``), the engine
-compiled with ``engine.compile()`` before it trains, two SGD steps of one global batch of 4 per rank at micro-batch x GAS 4x1,
-2x2 and 1x4, against fp64 on the whole batch: the reported grad norm and the update of the fp32 master weights.
+compiled with ``engine.compile()`` before it trains, two SGD steps of one global batch of 4 per rank at micro-batch
+x GAS 4x1, 2x2 and 1x4, against fp64 on the whole batch: the reported grad norm and the update of the fp32 master
+weights.
 
 DeepCompile's native op (CUDA streams and NCCL) runs as ``helpers.deepcompile_standin``: its bookkeeping in torch,
 reduced through the process group; the rest is DeepCompile's own Python (the engine's hooks, the backend, the passes
