@@ -115,6 +115,26 @@ def test_the_evidence_index_says_what_the_results_files_hold():
     assert proc.returncode == 0, proc.stdout
 
 
+def test_the_upstream_line_counts_a_test_by_its_side_by_side_rerun(monkeypatch):
+    """A test the full tier counts as fixed because its two sides ran on different machines (a library on one
+    only) is counted as its rerun on one machine found it: the line must not claim a fix the fork did not make."""
+    import evidence_index
+
+    identity = dict(fork_version="0.19.8+gafix.9", pristine_version="0.19.8", torch="2.13.0")
+    counts = {"regression": 0, "fixed": 1, "both pass": 1, "both fail": 0, "both skip": 0}
+    tests = {"a.py::t1": dict(category="fixed"), "a.py::t2": dict(category="both pass")}
+    records = {
+        "full/report.json": dict(sides=dict(fork=dict(run=2)), identity=identity, categories=counts, tests=tests),
+        "rerun/report.json": dict(tests={"a.py::t1": dict(category="both pass")}),
+    }
+    monkeypatch.setattr(evidence_index, "load", records.__getitem__)
+    monkeypatch.setattr(evidence_index, "UPSTREAM_FULL_RECORD", "full")
+    monkeypatch.setattr(evidence_index, "UPSTREAM_FULL_RERUNS", ())
+    assert "0 regressions, 1 fixed, 1 both pass" in evidence_index.upstream_full()
+    monkeypatch.setattr(evidence_index, "UPSTREAM_FULL_RERUNS", ("rerun", ))
+    assert "0 regressions, 0 fixed, 2 both pass" in evidence_index.upstream_full()
+
+
 def test_every_docs_path_named_in_the_repository_exists():
     """Code, tests and pages name docs by path (docs/guides/gas_check.md in an error message): a moved page
     must take them along. (This file's own examples are made-up pages.)"""
