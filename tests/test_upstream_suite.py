@@ -272,7 +272,7 @@ def test_a_fork_built_from_another_commit_resumes_but_other_code_or_packages_do_
     (package / "engine.py").write_text("x = 1\n")
     (package / "git_version_info_installed.py").write_text("git_hash = 'abc'\n")
     identity = {key: "same" for key in baseline.KEYS}
-    info = {"deepspeed": "0.19.8+gafix.3", "packages": ["tabulate==0.10.0", "torch==2.13.0+cpu"]}
+    info = {"deepspeed": "0.19.8+gafix.3", "packages": ["tabulate==0.10.0", "torch==2.13.0+cpu"], "ops": {}}
     recorded = side_identity(identity, info, package)
     SideOutcomes(tmp_path / "results.json", recorded).save()
 
@@ -284,6 +284,37 @@ def test_a_fork_built_from_another_commit_resumes_but_other_code_or_packages_do_
     (package / "engine.py").write_text("x = 2\n")
     with pytest.raises(OutcomeMismatch, match="package_sha256"):
         SideOutcomes(tmp_path / "results.json", side_identity(identity, info, package))
+
+
+def test_a_machine_that_builds_other_ops_does_not_resume_nor_replay_the_record(tmp_path):
+    """A test that needs an op skips where the machine cannot build it (async_io without libaio): outcomes from a
+    machine that built it, resumed or replayed on one that cannot (or the other way), would differ for that
+    alone and read as fixes or regressions. An op only one side has (the fork's fused_norm) is no difference."""
+    from upstream_suite.cli import side_identity
+    package = tmp_path / "deepspeed"
+    package.mkdir()
+    (package / "engine.py").write_text("x = 1\n")
+    shared = identity(pristine_version="0.19.8")
+    with_libaio = {"async_io": True, "cpu_adam": True}
+    info = {"deepspeed": "0.19.8", "packages": ["torch==2.13.0+cpu"], "ops": with_libaio}
+    path = tmp_path / "results-pristine.json"
+    outcomes = SideOutcomes(path, side_identity(shared, info, package))
+    outcomes.record("unit/a.py::t", "passed", "", 1.0, "unit/a.py")
+    outcomes.mark_done("unit/a.py")
+
+    without_libaio = dict(with_libaio, async_io=False)
+    with pytest.raises(OutcomeMismatch, match="ops: async_io recorded True, now False"):
+        SideOutcomes(path, side_identity(shared, dict(info, ops=without_libaio), package))
+    fork_ops = dict(with_libaio, fused_norm=True)
+    assert baseline.load(path, shared, ["unit/a.py"], fork_ops) == outcomes.tests
+    with pytest.raises(baseline.BaselineError, match="async_io builds there, does not here.*libaio-dev"):
+        baseline.load(path, shared, ["unit/a.py"], dict(fork_ops, async_io=False))
+
+    recorded = tmp_path / "patch.json"
+    baseline.record(recorded, shared, outcomes, ["unit/a.py"])
+    assert baseline.recorded_ops(recorded) == with_libaio
+    with pytest.raises(baseline.BaselineError, match="async_io"):
+        baseline.load(recorded, shared, ["unit/a.py"], dict(fork_ops, async_io=False))
 
 
 def test_an_unfinished_unit_resumes_without_rerunning_what_has_an_outcome(tmp_path):
@@ -402,13 +433,13 @@ def test_baseline_is_refused_for_another_setup_or_a_missing_unit(tmp_path):
     outcomes.mark_done("unit/a.py")
     path = tmp_path / "patch.json"
     baseline.record(path, identity(), outcomes, ["unit/a.py"])
-    assert baseline.load(path, identity(), ["unit/a.py"]) == {"unit/a.py::t": outcomes.tests["unit/a.py::t"]}
+    assert baseline.load(path, identity(), ["unit/a.py"], {}) == {"unit/a.py::t": outcomes.tests["unit/a.py::t"]}
     with pytest.raises(baseline.BaselineError, match="tests_sha256"):
-        baseline.load(path, identity(tests_sha256="y"), ["unit/a.py"])
+        baseline.load(path, identity(tests_sha256="y"), ["unit/a.py"], {})
     with pytest.raises(baseline.BaselineError, match="pin_sha256"):
-        baseline.load(path, identity(pin_sha256="y"), ["unit/a.py"])
+        baseline.load(path, identity(pin_sha256="y"), ["unit/a.py"], {})
     with pytest.raises(baseline.BaselineError, match="lacks 1 unit"):
-        baseline.load(path, identity(), ["unit/a.py", "unit/b.py"])
+        baseline.load(path, identity(), ["unit/a.py", "unit/b.py"], {})
     with pytest.raises(baseline.BaselineError, match="did not finish"):
         baseline.record(path, identity(), outcomes, ["unit/a.py", "unit/b.py"])
 
@@ -420,13 +451,13 @@ def test_a_finished_pristine_results_file_replays_as_a_baseline(tmp_path):
     outcomes = SideOutcomes(path, dict(recorded, deepspeed="0.19.8", packages=["torch==2.13.0"]))
     outcomes.record("unit/a.py::t", "passed", "", 1.0, "unit/a.py")
     outcomes.mark_done("unit/a.py")
-    assert baseline.load(path, identity(pristine_version="0.19.8"), ["unit/a.py"]) == outcomes.tests
+    assert baseline.load(path, identity(pristine_version="0.19.8"), ["unit/a.py"], {}) == outcomes.tests
     with pytest.raises(baseline.BaselineError, match="lacks 1 unit"):
-        baseline.load(path, identity(pristine_version="0.19.8"), ["unit/a.py", "unit/b.py"])
+        baseline.load(path, identity(pristine_version="0.19.8"), ["unit/a.py", "unit/b.py"], {})
     fork = tmp_path / "results-fork.json"
     SideOutcomes(fork, dict(recorded, deepspeed="0.19.8+gafix.4")).mark_done("unit/a.py")
     with pytest.raises(baseline.BaselineError, match="pristine_version"):
-        baseline.load(fork, identity(pristine_version="0.19.8"), ["unit/a.py"])
+        baseline.load(fork, identity(pristine_version="0.19.8"), ["unit/a.py"], {})
 
 
 def test_tree_hash_follows_content(tmp_path):
@@ -477,13 +508,17 @@ def test_patch_tier_has_no_regression(tmp_path, extensions_dir):
     """
     upstream_tests_or_skip()
     report = tmp_path / "patch-tier.md"
-    # Pristine's side replays its recorded outcomes where they were recorded on this torch and Python;
-    # on another (the version matrix) it runs, in the venv on this torch: a baseline from another torch
-    # would compare two torches, and a stale one for any other reason must fail here.
+    # Pristine's side replays its recorded outcomes where they were recorded on this torch and Python, on a
+    # machine that builds the same ops; elsewhere (the version matrix, a machine without libaio) it runs, in
+    # the venv on this torch: a baseline from another torch would compare two torches, and a stale one for
+    # any other reason must fail here.
     import torch
+    from upstream_suite.cli import describe_python
     recorded = json.loads(baseline.default_path("patch").read_text())["keys"]
     here = {"torch": torch.__version__, "python": "%d.%d" % sys.version_info[:2]}
-    if all(recorded[key] == value for key, value in here.items()):
+    recorded_ops = baseline.recorded_ops(baseline.default_path("patch")) or {}
+    same_ops = not baseline.ops_differing(recorded_ops, describe_python(sys.executable)["ops"])
+    if same_ops and all(recorded[key] == value for key, value in here.items()):
         pristine = ["--pristine-baseline"]
     else:
         from helpers.pristine import pristine_python

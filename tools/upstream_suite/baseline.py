@@ -6,7 +6,10 @@
 Pristine's outcomes depend only on the pin (upstream.json's sdist sha256), upstream's tests tree and
 the environment that runs them (torch, pytest, Python, LOCAL_SIZE). A baseline stores them with exactly those
 keys and is refused when any differs, or when it lacks a unit of the tier: re-record it then
-(``tools/run-upstream-suite --tier patch --record-baseline``).
+(``tools/run-upstream-suite --tier patch --record-baseline``). It also stores which ops the recording machine
+could build (a test that needs an op skips where it cannot: async_io without libaio), and is refused on a
+machine where an op both sides have builds the other way; a baseline recorded before it kept them replays
+with a note saying so in the report.
 """
 
 import hashlib
@@ -55,6 +58,7 @@ def record(path, identity, outcomes, unit_keys):
             key: identity[key]
             for key in KEYS
         },
+        "ops": outcomes.identity.get("ops"),
         "units": sorted(unit_keys),
         "tests": {
             test_id: result
@@ -73,13 +77,27 @@ def as_baseline(data):
     identity = data["identity"]
     return {
         "keys": dict(identity, pristine_version=identity.get("deepspeed")),
+        "ops": identity.get("ops"),
         "units": data.get("done_units", []),
         "tests": data.get("tests", {}),
     }
 
 
-def load(path, identity, unit_keys):
-    """The recorded pristine outcomes ({test id: result}) for these units; raises when unusable."""
+def ops_differing(recorded, now):
+    """The ops that both maps ({op name: builds here}) name and that build on one machine only. An op only one
+    side has (the fork's fused_norm) is no difference between machines."""
+    return sorted(name for name in set(recorded) & set(now) if recorded[name] != now[name])
+
+
+def recorded_ops(path):
+    """Which ops the baseline's machine could build ({op name: builds}), or None where it was recorded before
+    the runner kept them."""
+    return as_baseline(json.loads(Path(path).read_text())).get("ops")
+
+
+def load(path, identity, unit_keys, ops):
+    """The recorded pristine outcomes ({test id: result}) for these units; raises when unusable. ``ops``: which
+    ops this machine builds (the fork side's probe)."""
     path = Path(path)
     if not path.exists():
         raise BaselineError(f"no pristine baseline at {path}: record one with --record-baseline {path}")
@@ -91,6 +109,13 @@ def load(path, identity, unit_keys):
     if stale:
         raise BaselineError(f"pristine baseline {path} was recorded for another setup ({'; '.join(stale)}): "
                             "re-record it with --record-baseline, or run the pristine side")
+    differing = ops_differing(data.get("ops") or {}, ops)
+    if differing:
+        detail = ", ".join(f"{name} {'builds' if data['ops'][name] else 'does not build'} there, "
+                           f"{'does' if ops[name] else 'does not'} here" for name in differing)
+        raise BaselineError(f"pristine baseline {path} was recorded on a machine that builds other ops ({detail}): "
+                            "a test that needs one would skip on one side only. Give this machine what the op "
+                            "needs (async_io: Debian's libaio-dev) or run the pristine side")
     lacking = [key for key in unit_keys if key not in data["units"]]
     if lacking:
         raise BaselineError(f"pristine baseline {path} lacks {len(lacking)} unit(s) of this run ({lacking[0]} ...): "

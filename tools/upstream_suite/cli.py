@@ -59,13 +59,18 @@ def load_pin():
 
 
 def describe_python(python):
-    """deepspeed and torch versions as the interpreter sees them (run outside any source tree)."""
+    """deepspeed and torch versions as the interpreter sees them (run outside any source tree), and which of
+    its accelerator's ops this machine can build: that turns on system libraries pip does not install (libaio
+    for async_io, so ZeRO-Infinity's NVMe tests), and a test that needs an op skips where it cannot build."""
     probe = ("import json, os, sys, importlib.metadata as md, deepspeed, torch, pytest; "
+             "from deepspeed.ops.op_builder.all_ops import ALL_OPS; "
              "print(json.dumps({'deepspeed': deepspeed.__version__, "
              "'torch': torch.__version__, 'pytest': pytest.__version__, 'python': '%d.%d' % sys.version_info[:2], "
              "'package_dir': os.path.dirname(deepspeed.__file__), 'packages': sorted({'%s==%s' % "
              "(d.metadata['Name'].lower(), d.version) for d in md.distributions() if d.metadata['Name'] and "
-             "d.metadata['Name'].lower() not in ('deepspeed', 'pip', 'setuptools', 'wheel')})}))")
+             "d.metadata['Name'].lower() not in ('deepspeed', 'pip', 'setuptools', 'wheel')}), "
+             "'ops': {name: bool(builder.is_compatible(verbose=False)) "
+             "for name, builder in sorted(ALL_OPS.items())}}))")
     proc = subprocess.run([python, "-c", probe], cwd="/", stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if proc.returncode != 0:
         raise SetupError(
@@ -82,11 +87,13 @@ def side_identity(identity, info, package_dir):
     """What one side's outcomes depend on: the tests, the environment and that side's own code (so
     pristine's survive a new fork build, and a rebuilt fork with an unchanged label but other code does
     not resume). The installed packages are kept as a list, so another machine can install the same
-    (docs/develop/upstream_suite.md) and a refusal names what differs."""
+    (docs/develop/upstream_suite.md) and a refusal names what differs; the ops this machine can build, so a
+    run on a machine without a system library an op needs does not resume one that had it."""
     recorded = {key: identity[key] for key in baseline.KEYS if key != "pristine_version"}
     recorded.update(deepspeed=info["deepspeed"],
                     package_sha256=baseline.tree_sha256(package_dir, leave_out=BUILD_STAMP),
-                    packages=list(info["packages"]))
+                    packages=list(info["packages"]),
+                    ops=dict(info["ops"]))
     return recorded
 
 
@@ -322,8 +329,12 @@ def run_in(args, work_dir):
     fork_tests = of_units(results["fork"])
     if replay:
         path = args.pristine_baseline or baseline.default_path(args.tier)
-        pristine_tests = baseline.load(path, identity, unit_keys)
+        pristine_tests = baseline.load(path, identity, unit_keys, fork_info["ops"])
         source = f"recorded baseline {Path(path).name}"
+        if baseline.recorded_ops(path) is None:
+            source += (" (recorded before baselines kept which ops their machine could build: a test that needs "
+                       "a system library, such as async_io's libaio, may differ for that alone; this machine "
+                       f"builds {', '.join(name for name, builds in fork_info['ops'].items() if builds)})")
     else:
         pristine_tests = of_units(results["pristine"])
         source = "run side by side"

@@ -35,6 +35,9 @@ def _difference(key, old, new):
     if isinstance(old, list) and isinstance(new, list):  # e.g. the installed packages: what differs
         return (f"{key}: only recorded {sorted(set(old) - set(new))}, only now {sorted(set(new) - set(old))} "
                 f"(recorded: pip install {' '.join(old)})")
+    if isinstance(old, dict) and isinstance(new, dict):  # e.g. which ops the machine can build: those that differ
+        return f"{key}: " + ", ".join(f"{name} recorded {old.get(name)!r}, now {new.get(name)!r}"
+                                      for name in sorted(set(old) | set(new)) if old.get(name) != new.get(name))
     return f"{key}: recorded {old!r}, now {new!r}"
 
 
