@@ -7,7 +7,9 @@ transformers' Trainer at ZeRO-2 and ZeRO-3 (bf16 and fp16): its basic training a
 equivalence test; accelerate's test_deepspeed_gradient_accumulation.py (the accumulation boundary handed to
 DeepSpeed, sync_gradients in backward, clip_grad_norm_ returning DeepSpeed's norm; fp16 with CPU offload): the
 family of bugs this fork exists for. Each must pass on the fork, and none may pass on pristine and fail on the
-fork. The whole tier runs before a release; its report is docs/evidence/client_tier/report.md.
+fork. Pristine's side replays its outcomes recorded for the same packages and tests
+(tools/client_tier/baselines/pristine.json), and runs where they differ. The whole tier runs before a release; its
+report is docs/evidence/client_tier/report.md.
 """
 
 import importlib.util
@@ -18,7 +20,6 @@ import sys
 
 import pytest
 
-from helpers.pristine import pristine_python
 from helpers.repo import REPO
 
 CLIENT_TESTS = REPO.parent / "shared" / "client-tests"
@@ -44,8 +45,8 @@ def test_client_tier_fast_part_has_no_regression(tmp_path, extensions_dir):
     report = tmp_path / "report.md"
     proc = subprocess.run([
         sys.executable,
-        str(REPO / "tools" / "client-tier"), "--selections", *SELECTIONS, "-k", FAST, "--pristine-python",
-        pristine_python(), "--work-dir",
+        str(REPO / "tools" / "client-tier"), "--selections", *SELECTIONS, "-k", FAST, "--pristine-baseline",
+        "--or-run-pristine", "--work-dir",
         str(tmp_path / "work"), "--fork-extensions-dir",
         str(extensions_dir), "--report",
         str(report), "--timeout", "900"
@@ -65,3 +66,33 @@ def test_client_tier_fast_part_has_no_regression(tmp_path, extensions_dir):
         assert summary["categories"]["regression"] == 0, summary["regressions"]
         fork = summary["sides"]["fork"]
         assert fork["run"] >= least and fork["passed"] == fork["run"], summary["outcomes"]["fork"]
+
+
+def test_a_record_of_pristine_serves_only_the_setup_it_was_made_for(tmp_path):
+    """A replayed record stands for pristine's run only where nothing its outcomes depend on differs: another
+    transformers (or tests, -k, torch ...) or a selection it lacks is refused, naming what differs."""
+    from client_tier import baseline
+    from upstream_suite.baseline import BaselineError
+    identity = {key: f"{key}-1" for key in baseline.KEYS}
+    outcomes = {"accelerate/tests.deepspeed.test_x::test_y": {"outcome": "passed", "reason": ""}}
+    path = tmp_path / "pristine.json"
+    baseline.record(path, identity, {"accelerate": {"outcomes": outcomes, "seconds": 7}})
+    assert baseline.load(path, identity, ["accelerate"]) == {"accelerate": {"outcomes": outcomes, "seconds": 7}}
+    with pytest.raises(BaselineError, match="transformers: recorded 'transformers-1', now '4.99'"):
+        baseline.load(path, dict(identity, transformers="4.99"), ["accelerate"])
+    with pytest.raises(BaselineError, match="lacks selection.s. transformers-trainer"):
+        baseline.load(path, identity, ["accelerate", "transformers-trainer"])
+    with pytest.raises(BaselineError, match="no client-tier baseline"):
+        baseline.load(tmp_path / "none.json", identity, ["accelerate"])
+
+
+def test_a_record_is_keyed_by_each_package_s_own_version(tmp_path):
+    from client_tier import baseline, cli
+    from toolkit import sides
+    (tmp_path / "test_x.py").write_text("")
+    probe = ["0.19.8+gafix.5", "2.13.0+cpu", "3.11", "8.3.5", "5.24.0", "1.15.0", "5.2.0"]  # probe_versions' order
+    identity = cli.identity_of(probe, tmp_path, "gradient_accumulation")
+    assert set(identity) == set(baseline.KEYS)
+    assert (identity["torch"], identity["python"], identity["pytest"], identity["transformers"],
+            identity["accelerate"], identity["datasets"]) == tuple(probe[1:])
+    assert identity["keyword"] == "gradient_accumulation" and identity["pristine_version"] == sides.upstream_version()

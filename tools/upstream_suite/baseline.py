@@ -83,6 +83,12 @@ def as_baseline(data):
     }
 
 
+def stale_keys(recorded, now, keys):
+    """What differs between a record's keys and this run's ("key: recorded X, now Y; ..."), or "" when none."""
+    return "; ".join(f"{key}: recorded {recorded.get(key)!r}, now {now[key]!r}" for key in keys
+                     if recorded.get(key) != now[key])
+
+
 def ops_differing(recorded, now):
     """The ops that both maps ({op name: builds here}) name and that build on one machine only. An op only one
     side has (the fork's fused_norm) is no difference between machines."""
@@ -102,12 +108,9 @@ def load(path, identity, unit_keys, ops):
     if not path.exists():
         raise BaselineError(f"no pristine baseline at {path}: record one with --record-baseline {path}")
     data = as_baseline(json.loads(path.read_text()))
-    stale = [
-        f"{key}: recorded {data['keys'].get(key)!r}, now {identity[key]!r}" for key in KEYS
-        if data["keys"].get(key) != identity[key]
-    ]
+    stale = stale_keys(data["keys"], identity, KEYS)
     if stale:
-        raise BaselineError(f"pristine baseline {path} was recorded for another setup ({'; '.join(stale)}): "
+        raise BaselineError(f"pristine baseline {path} was recorded for another setup ({stale}): "
                             "re-record it with --record-baseline, or run the pristine side")
     differing = ops_differing(data.get("ops") or {}, ops)
     if differing:
