@@ -87,6 +87,8 @@ def test_a_record_of_pristine_serves_only_the_setup_it_was_made_for(tmp_path):
 
 
 def test_a_record_is_keyed_by_each_package_s_own_version(tmp_path):
+    """The record's keys take each version from its place in the probe: a shifted one would key transformers by
+    pytest's version, and refuse (or worse, accept) a record for the wrong reason."""
     from client_tier import baseline, cli
     from toolkit import sides
     (tmp_path / "test_x.py").write_text("")
