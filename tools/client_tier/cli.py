@@ -41,9 +41,10 @@ from pathlib import Path
 
 from client_tier import baseline
 from toolkit import REPO, junit, options, tables
+from gafix_build import load_pin  # importable once toolkit has put the repository on sys.path
 from upstream_suite.baseline import BaselineError, tree_sha256
 from upstream_suite.classify import FIXED, REGRESSION, category_counts, compare, side_counts
-from toolkit.sides import clean_environ, pristine_python, upstream_version
+from toolkit.sides import clean_environ, pristine_python
 
 SHIM = REPO / "tools" / "client_tier" / "transformers_cpu_shim.py"
 CPU_SHIM = REPO / "tools" / "client_tier" / "cpu_shim"
@@ -239,9 +240,10 @@ def probe_versions(python):
 def identity_of(fork_versions, tests, keyword):
     """What pristine's outcomes depend on (client_tier.baseline.KEYS): the fork side's probe_versions (the sides'
     packages must agree), the pin, the client tests tree and the -k expression."""
+    pin = load_pin(REPO)
     return dict(zip(PACKAGES, fork_versions[1:]),
-                pin_sha256=json.loads((REPO / "upstream.json").read_text())["sha256"],
-                pristine_version=upstream_version(),
+                pin_sha256=pin.sha256,
+                pristine_version=pin.version,
                 tests_sha256=tree_sha256(tests),
                 keyword=keyword)
 
@@ -342,7 +344,6 @@ def main():
     sides = {"fork": os.path.abspath(args.fork_python)}
     versions = {"fork": probe_versions(sides["fork"])}
     identity = identity_of(versions["fork"], args.tests, args.keyword)
-    packages = {name: identity[name] for name in PACKAGES}
     recorded = None
     if args.pristine_baseline:
         try:
@@ -378,10 +379,10 @@ def main():
         "date": time.strftime("%Y-%m-%d"),
         "fork_version": versions["fork"][0],
         "pristine_version": versions["pristine"][0],
-        "torch": packages["torch"],
-        "python": packages["python"],
-        "transformers": packages["transformers"],
-        "accelerate": packages["accelerate"],
+        "torch": identity["torch"],
+        "python": identity["python"],
+        "transformers": identity["transformers"],
+        "accelerate": identity["accelerate"],
         # The report names the record by its path in the repository where it is one of its files.
         "pristine_record": os.path.relpath(args.pristine_baseline.resolve(), REPO) if recorded else None,
         "selections": {}
