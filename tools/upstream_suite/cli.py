@@ -31,6 +31,7 @@ from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from pathlib import Path
 
 from toolkit import REPO, options, sides
+from gafix_build import load_pin  # importable once toolkit has put the repository on sys.path
 from upstream_suite import (baseline, console_scripts, held_files, patch_tests, prefixes, report, reruns, tiers,
                             work_dir_lock)
 from upstream_suite.classify import REGRESSION, compare
@@ -52,10 +53,6 @@ def upstream_tests_dir(given):
             return Path(candidate).resolve()
     named = given or os.environ.get(TESTS_VAR) or REPO.parent / "shared" / "deepspeed-tests"
     raise SetupError(f"no upstream tests directory at {named} (set --tests or {TESTS_VAR} to upstream's tests/)")
-
-
-def load_pin():
-    return json.loads((REPO / "upstream.json").read_text())
 
 
 def describe_python(python):
@@ -240,7 +237,7 @@ def run_in(args, work_dir):
     results_dir = Path(args.results_dir).resolve() if args.results_dir else work_dir
     tests_sha256 = baseline.tree_sha256(tests_dir)
     added = patch_tests.patch_tests(series_patches())
-    pin = load_pin()
+    pin = load_pin(REPO)
     if args.tier == "prefixes" and not args.files:
         return run_prefixes(args, tests_dir, work_dir, results_dir, tests_sha256, added, pin)
     units = selected_units(args, tests_dir, added)
@@ -259,8 +256,8 @@ def run_in(args, work_dir):
     replay = args.pristine_baseline is not None
     run_pristine = args.only != "fork" and not replay
     identity = {
-        "pin_sha256": pin["sha256"],
-        "pristine_version": pin["version"],
+        "pin_sha256": pin.sha256,
+        "pristine_version": pin.version,
         "fork_version": fork_info["deepspeed"],
         "tests_sha256": tests_sha256,
         "torch": fork_info["torch"],
@@ -275,9 +272,9 @@ def run_in(args, work_dir):
     if run_pristine:
         python = pristine_python(args.pristine_python, args.fork_python)
         info = describe_python(python)
-        if info["deepspeed"] != pin["version"]:
+        if info["deepspeed"] != pin.version:
             raise SetupError(f"--pristine-python {python} has deepspeed {info['deepspeed']}, not pristine "
-                             f"{pin['version']} (upstream.json)")
+                             f"{pin.version} (upstream.json)")
         if not args.report_only:
             check_launcher("--pristine-python", python)
         differs = [key for key in ("torch", "pytest", "python") if info[key] != fork_info[key]]
@@ -414,9 +411,9 @@ def run_prefixes(args, tests_dir, work_dir, results_dir, tests_sha256, added, pi
 
     python = os.path.abspath(pristine_python(args.pristine_python, args.fork_python))
     info = describe_python(python)
-    if info["deepspeed"] != pin["version"]:
+    if info["deepspeed"] != pin.version:
         raise SetupError(f"--pristine-python {python} has deepspeed {info['deepspeed']}, not pristine "
-                         f"{pin['version']} (upstream.json): the prefixes are laid over it")
+                         f"{pin.version} (upstream.json): the prefixes are laid over it")
     tree = work_dir / "tree"
     shutil.rmtree(tree, ignore_errors=True)
     try:
