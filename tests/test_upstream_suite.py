@@ -312,7 +312,7 @@ def test_a_machine_that_builds_other_ops_does_not_resume_nor_replay_the_record(t
 
     recorded = tmp_path / "patch.json"
     baseline.record(recorded, shared, outcomes, ["unit/a.py"])
-    assert baseline.recorded_ops(recorded) == with_libaio
+    assert json.loads(recorded.read_text())["ops"] == with_libaio
     with pytest.raises(baseline.BaselineError, match="async_io"):
         baseline.load(recorded, shared, ["unit/a.py"], dict(fork_ops, async_io=False))
 
@@ -428,7 +428,7 @@ def identity(**changes):
 
 
 def test_baseline_is_refused_for_another_setup_or_a_missing_unit(tmp_path):
-    outcomes = SideOutcomes(None, {})
+    outcomes = SideOutcomes(None, {"ops": {}})
     outcomes.record("unit/a.py::t", "passed", "", 1.0, "unit/a.py")
     outcomes.mark_done("unit/a.py")
     path = tmp_path / "patch.json"
@@ -442,13 +442,17 @@ def test_baseline_is_refused_for_another_setup_or_a_missing_unit(tmp_path):
         baseline.load(path, identity(), ["unit/a.py", "unit/b.py"], {})
     with pytest.raises(baseline.BaselineError, match="did not finish"):
         baseline.record(path, identity(), outcomes, ["unit/a.py", "unit/b.py"])
+    unsaid = tmp_path / "older.json"
+    baseline.record(unsaid, identity(), SideOutcomes(None, {}), [])
+    with pytest.raises(baseline.BaselineError, match="does not say which ops.*re-record"):
+        baseline.load(unsaid, identity(), [], {})
 
 
 def test_a_finished_pristine_results_file_replays_as_a_baseline(tmp_path):
     """A full tier's results-pristine.json serves as its baseline; a fork's results file, or an unfinished one, not."""
     recorded = {key: "x" for key in baseline.KEYS if key != "pristine_version"}
     path = tmp_path / "results-pristine.json"
-    outcomes = SideOutcomes(path, dict(recorded, deepspeed="0.19.8", packages=["torch==2.13.0"]))
+    outcomes = SideOutcomes(path, dict(recorded, deepspeed="0.19.8", packages=["torch==2.13.0"], ops={}))
     outcomes.record("unit/a.py::t", "passed", "", 1.0, "unit/a.py")
     outcomes.mark_done("unit/a.py")
     assert baseline.load(path, identity(pristine_version="0.19.8"), ["unit/a.py"], {}) == outcomes.tests
@@ -514,11 +518,10 @@ def test_patch_tier_has_no_regression(tmp_path, extensions_dir):
     # any other reason must fail here.
     import torch
     from upstream_suite.cli import describe_python
-    recorded = json.loads(baseline.default_path("patch").read_text())["keys"]
+    recorded = json.loads(baseline.default_path("patch").read_text())
     here = {"torch": torch.__version__, "python": "%d.%d" % sys.version_info[:2]}
-    recorded_ops = baseline.recorded_ops(baseline.default_path("patch")) or {}
-    same_ops = not baseline.ops_differing(recorded_ops, describe_python(sys.executable)["ops"])
-    if same_ops and all(recorded[key] == value for key, value in here.items()):
+    same_ops = not baseline.ops_differing(recorded["ops"], describe_python(sys.executable)["ops"])
+    if same_ops and all(recorded["keys"][key] == value for key, value in here.items()):
         pristine = ["--pristine-baseline"]
     else:
         from helpers.pristine import pristine_python

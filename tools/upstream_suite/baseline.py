@@ -8,8 +8,8 @@ the environment that runs them (torch, pytest, Python, LOCAL_SIZE). A baseline s
 keys and is refused when any differs, or when it lacks a unit of the tier: re-record it then
 (``tools/run-upstream-suite --tier patch --record-baseline``). It also stores which ops the recording machine
 could build (a test that needs an op skips where it cannot: async_io without libaio), and is refused on a
-machine where an op both sides have builds the other way; a baseline recorded before it kept them replays
-with a note saying so in the report.
+machine where an op both sides have builds the other way, or when it does not say which ops it built (a record
+older than that check, whose replay could not be trusted either way): re-record it then too.
 """
 
 import hashlib
@@ -95,12 +95,6 @@ def ops_differing(recorded, now):
     return sorted(name for name in set(recorded) & set(now) if recorded[name] != now[name])
 
 
-def recorded_ops(path):
-    """Which ops the baseline's machine could build ({op name: builds}), or None where it was recorded before
-    the runner kept them."""
-    return as_baseline(json.loads(Path(path).read_text())).get("ops")
-
-
 def load(path, identity, unit_keys, ops):
     """The recorded pristine outcomes ({test id: result}) for these units; raises when unusable. ``ops``: which
     ops this machine builds (the fork side's probe)."""
@@ -112,7 +106,11 @@ def load(path, identity, unit_keys, ops):
     if stale:
         raise BaselineError(f"pristine baseline {path} was recorded for another setup ({stale}): "
                             "re-record it with --record-baseline, or run the pristine side")
-    differing = ops_differing(data.get("ops") or {}, ops)
+    if data.get("ops") is None:
+        raise BaselineError(f"pristine baseline {path} does not say which ops its machine could build (a test "
+                            "that needs one, such as async_io's libaio, skips where it cannot): re-record it with "
+                            "--record-baseline")
+    differing = ops_differing(data["ops"], ops)
     if differing:
         detail = ", ".join(f"{name} {'builds' if data['ops'][name] else 'does not build'} there, "
                            f"{'does' if ops[name] else 'does not'} here" for name in differing)
