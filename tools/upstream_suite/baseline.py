@@ -8,8 +8,8 @@ the environment that runs them (torch, pytest, Python, LOCAL_SIZE). A baseline s
 keys and is refused when any differs, or when it lacks a unit of the tier: re-record it then
 (``tools/run-upstream-suite --tier patch --record-baseline``). It also stores which ops the recording machine
 could build (a test that needs an op skips where it cannot: async_io without libaio), and is refused on a
-machine where an op both sides have builds the other way, or when it does not say which ops it built (a record
-older than that check, whose replay could not be trusted either way): re-record it then too.
+machine where an op both sides have builds the other way; a baseline recorded before it kept them replays
+with a note saying so in the report.
 """
 
 import hashlib
@@ -96,8 +96,9 @@ def ops_differing(recorded, now):
 
 
 def load(path, identity, unit_keys, ops):
-    """The recorded pristine outcomes ({test id: result}) for these units; raises when unusable. ``ops``: which
-    ops this machine builds (the fork side's probe)."""
+    """The recorded pristine outcomes ({test id: result}) for these units, and the ops the recording machine could
+    build ({op name: builds}; None in a baseline recorded before they were kept); raises when unusable. ``ops``:
+    which ops this machine builds (the fork side's probe)."""
     path = Path(path)
     if not path.exists():
         raise BaselineError(f"no pristine baseline at {path}: record one with --record-baseline {path}")
@@ -106,11 +107,7 @@ def load(path, identity, unit_keys, ops):
     if stale:
         raise BaselineError(f"pristine baseline {path} was recorded for another setup ({stale}): "
                             "re-record it with --record-baseline, or run the pristine side")
-    if data.get("ops") is None:
-        raise BaselineError(f"pristine baseline {path} does not say which ops its machine could build (a test "
-                            "that needs one, such as async_io's libaio, skips where it cannot): re-record it with "
-                            "--record-baseline")
-    differing = ops_differing(data["ops"], ops)
+    differing = ops_differing(data.get("ops") or {}, ops)
     if differing:
         detail = ", ".join(f"{name} {'builds' if data['ops'][name] else 'does not build'} there, "
                            f"{'does' if ops[name] else 'does not'} here" for name in differing)
@@ -121,4 +118,5 @@ def load(path, identity, unit_keys, ops):
     if lacking:
         raise BaselineError(f"pristine baseline {path} lacks {len(lacking)} unit(s) of this run ({lacking[0]} ...): "
                             "re-record it with --record-baseline")
-    return {test_id: result for test_id, result in data["tests"].items() if result["unit"] in unit_keys}
+    tests = {test_id: result for test_id, result in data["tests"].items() if result["unit"] in unit_keys}
+    return tests, data.get("ops")

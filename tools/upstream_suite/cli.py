@@ -326,8 +326,12 @@ def run_in(args, work_dir):
     fork_tests = of_units(results["fork"])
     if replay:
         path = args.pristine_baseline or baseline.default_path(args.tier)
-        pristine_tests = baseline.load(path, identity, unit_keys, fork_info["ops"])
+        pristine_tests, recorded_ops = baseline.load(path, identity, unit_keys, fork_info["ops"])
         source = f"recorded baseline {Path(path).name}"
+        if recorded_ops is None:
+            source += (" (recorded before baselines kept which ops their machine could build: a test that needs "
+                       "a system library, such as async_io's libaio, may differ for that alone; this machine "
+                       f"builds {', '.join(name for name, builds in fork_info['ops'].items() if builds)})")
     else:
         pristine_tests = of_units(results["pristine"])
         source = "run side by side"
