@@ -9,13 +9,13 @@ fork's, never the torch's. One venv per (version, Python, torch): build/upstream
 $DS_GAFIX_VENV_DIR.
 """
 
-import json
 import os
 import shutil
 import subprocess
 import sys
 
 from toolkit import REPO, venvs
+from gafix_build import load_pin  # importable once toolkit has put the repository on sys.path
 
 PROBE = 'import sys, torch; print("%d.%d" % sys.version_info[:2], torch.__version__, ' \
         'getattr(sys, "_base_executable", sys.executable))'
@@ -27,7 +27,7 @@ class PristineNotFound(RuntimeError):
 
 def upstream_version():
     """The upstream release the fork is built on (upstream.json)."""
-    return json.loads((REPO / "upstream.json").read_text())["version"]
+    return load_pin(REPO).version
 
 
 def pristine_venv(version=None, like=None):
