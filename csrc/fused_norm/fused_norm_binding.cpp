@@ -5,7 +5,12 @@
 // The torch side of fused_norm.h: checks and describes the tensors, runs the CPU kernel, or the
 // CUDA kernel on the current stream (built with FUSED_NORM_WITH_CUDA), returns torch tensors.
 
-#include <torch/extension.h>
+// The headers this file uses, not <torch/extension.h> (all of libtorch's C++ API): the op is JIT-built on first use,
+// and this file's compile goes from about 86 s to 39 s on one CPU core.
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/scalar_tensor.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include <algorithm>
 #include <cstring>
