@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 
 # DeepSpeed Team
-"""pytest's JUnit XML, read once: each test case with one outcome word (passed, failed, error, skipped)."""
+"""pytest's JUnit XML, read once: each test case with one outcome word (passed, failed, error, skipped) and its time."""
 
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
@@ -15,6 +15,7 @@ class Case:
     name: str
     outcome: str  # one of OUTCOMES: a failure or an error outranks a skip
     message: str  # the failure's, error's or skip's message ("" when it passed)
+    seconds: float = 0.0  # pytest's time for the case: setup, call and teardown (a module fixture's in its first case)
 
 
 def cases(path):
@@ -27,5 +28,5 @@ def cases(path):
                 outcome, message = ("failed" if child.tag == "failure" else "error"), child.get("message") or ""
             elif child.tag == "skipped" and outcome == "passed":
                 outcome, message = "skipped", child.get("message") or ""
-        found.append(Case(case.get("classname", ""), case.get("name"), outcome, message))
+        found.append(Case(case.get("classname", ""), case.get("name"), outcome, message, float(case.get("time") or 0)))
     return found
