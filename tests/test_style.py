@@ -28,7 +28,7 @@ def test_flake8():
 
 
 def test_yapf():
-    # --parallel: one file per core, half the time on 2 cores (it was one of the suite's slowest tests).
+    # --parallel: one file per core, about half the time on 2 cores.
     proc = run_tool("yapf", "--diff", "--parallel", *PYTHON_FILES)
     assert proc.returncode == 0, proc.stdout
 

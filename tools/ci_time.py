@@ -24,8 +24,10 @@ DEFAULT_XML = REPO / "build" / "ci-junit.xml"
 def module_of(case):
     """``tests/test_x.py`` for a case whose classname is ``tests.test_x`` or ``tests.test_x.TestClass``."""
     parts = case.classname.split(".")
-    names = [part for part in parts if part.startswith("test_")]
-    return "/".join(parts[:parts.index(names[0])] + [names[0]]) + ".py" if names else case.classname
+    for end, part in enumerate(parts, start=1):
+        if part.startswith("test_"):
+            return "/".join(parts[:end]) + ".py"
+    return case.classname
 
 
 def per_module(cases):
