@@ -22,6 +22,16 @@ def test_modules_costliest_first_with_their_tests_run_and_skipped(tmp_path):
                                                     ("tests/test_c.py", 0.0, 1, 0)]
 
 
+def test_cases_name_their_module_and_pytest_id(tmp_path):
+    xml = tmp_path / "ci-junit.xml"
+    xml.write_text(XML)
+    assert [(case.module, case.test_id)
+            for case in junit.cases(xml)] == [("tests/test_a.py", "tests/test_a.py::test_first[x]"),
+                                              ("tests/test_a.py", "tests/test_a.py::test_second"),
+                                              ("tests/test_b.py", "tests/test_b.py::TestGroup::test_c"),
+                                              ("tests/test_c.py", "tests/test_c.py::test_d")]
+
+
 def test_table_and_total(tmp_path, capsys):
     xml = tmp_path / "ci-junit.xml"
     xml.write_text(XML)

@@ -21,20 +21,11 @@ from toolkit import REPO, junit, tables
 DEFAULT_XML = REPO / "build" / "ci-junit.xml"
 
 
-def module_of(case):
-    """``tests/test_x.py`` for a case whose classname is ``tests.test_x`` or ``tests.test_x.TestClass``."""
-    parts = case.classname.split(".")
-    for end, part in enumerate(parts, start=1):
-        if part.startswith("test_"):
-            return "/".join(parts[:end]) + ".py"
-    return case.classname
-
-
 def per_module(cases):
     """(module, seconds, tests run, tests skipped) per module, costliest first."""
     seconds, ran, skipped = defaultdict(float), defaultdict(int), defaultdict(int)
     for case in cases:
-        module = module_of(case)
+        module = case.module
         seconds[module] += case.seconds
         if case.outcome == "skipped":
             skipped[module] += 1

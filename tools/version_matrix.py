@@ -95,9 +95,8 @@ def junit_outcomes(path):
     """{test id: (outcome, message)} from pytest's JUnit XML (an error counts as failed)."""
     outcomes = {}
     for case in junit.cases(path):
-        test_id = f"{case.classname.replace('.', '/')}.py::{case.name}"
         failed = case.outcome in ("failed", "error")
-        outcomes[test_id] = ("failed" if failed else case.outcome, case.message[:300 if failed else 200])
+        outcomes[case.test_id] = ("failed" if failed else case.outcome, case.message[:300 if failed else 200])
     return outcomes
 
 

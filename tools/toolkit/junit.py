@@ -17,6 +17,24 @@ class Case:
     message: str  # the failure's, error's or skip's message ("" when it passed)
     seconds: float = 0.0  # pytest's time for the case: setup, call and teardown (a module fixture's in its first case)
 
+    @property
+    def module(self):
+        """``tests/test_x.py`` for a classname ``tests.test_x`` or ``tests.test_x.TestClass``."""
+        return self._module_and_classes()[0]
+
+    @property
+    def test_id(self):
+        """pytest's node id: ``tests/test_x.py::test_y[p]`` or ``tests/test_x.py::TestClass::test_y[p]``."""
+        module, classes = self._module_and_classes()
+        return "::".join([module, *classes, self.name])
+
+    def _module_and_classes(self):
+        parts = self.classname.split(".")
+        for end, part in enumerate(parts, start=1):
+            if part.startswith("test_"):
+                return "/".join(parts[:end]) + ".py", parts[end:]
+        return self.classname, []
+
 
 def cases(path):
     """Every test case of a JUnit XML file, in file order."""
