@@ -98,3 +98,16 @@ def test_a_record_is_keyed_by_each_package_s_own_version(tmp_path):
     assert (identity["torch"], identity["python"], identity["pytest"], identity["transformers"],
             identity["accelerate"], identity["datasets"]) == tuple(probe[1:])
     assert identity["keyword"] == "gradient_accumulation" and identity["pristine_version"] == sides.upstream_version()
+
+
+def test_a_client_run_inside_a_pytest_run_does_not_take_its_options(tmp_path, monkeypatch):
+    """CI exports PYTEST_ADDOPTS (``--junitxml=build/ci-junit.xml -rA --durations=30``): a client or upstream test
+    run started from a test took them too, writing its own JUnit XML over CI's path. Each side starts clean."""
+    from client_tier import cli
+    from upstream_suite.execute import Side, child_environ
+    monkeypatch.setenv("PYTEST_ADDOPTS", "--junitxml=ci-junit.xml")
+    monkeypatch.setenv("DS_GAFIX_REQUIRE_HF", "1")
+    client = cli.side_env(sys.executable, tmp_path, "fork", tmp_path / "hf")
+    upstream = child_environ(Side("fork", sys.executable, tmp_path / "ext", str(tmp_path)), tmp_path / "ev", 60, 8)
+    for env in (client, upstream):
+        assert "PYTEST_ADDOPTS" not in env and env["DS_GAFIX_REQUIRE_HF"] == "1"

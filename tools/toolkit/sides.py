@@ -85,7 +85,8 @@ def pristine_python(given=None, fork_python=None):
 
 def clean_environ(**overrides):
     """This process's environment for a side's subprocess, without PYTHONPATH (each side's interpreter imports its
-    own deepspeed, never one a path puts first), with ``overrides``."""
-    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    own deepspeed, never one a path puts first) and without pytest's variables (a pytest run inside a test would
+    take the outer run's PYTEST_ADDOPTS, CI's ``--junitxml`` among them), with ``overrides``."""
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH" and not key.startswith("PYTEST_")}
     env.update(overrides)
     return env

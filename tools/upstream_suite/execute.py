@@ -19,6 +19,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from toolkit import sides
+
 from upstream_suite import console_scripts
 from upstream_suite.held_files import held_paths, unheld
 
@@ -50,7 +52,7 @@ class Unit:
 
 
 def child_environ(side, events_path, timeout_s, local_size):
-    env = {key: value for key, value in os.environ.items() if not key.startswith(("PYTEST_", "UPSTREAM_SUITE_"))}
+    env = {key: value for key, value in sides.clean_environ().items() if not key.startswith("UPSTREAM_SUITE_")}
     env.update(side.environ)
     # The side's own path entries (a prefix's package: tools/upstream_suite/prefixes.py) come first.
     env["PYTHONPATH"] = os.pathsep.join(entry for entry in (side.environ.get("PYTHONPATH"), str(TOOLS_DIR)) if entry)
