@@ -101,8 +101,9 @@ def test_a_record_is_keyed_by_each_package_s_own_version(tmp_path):
 
 
 def test_a_client_run_inside_a_pytest_run_does_not_take_its_options(tmp_path, monkeypatch):
-    """CI exports PYTEST_ADDOPTS (``--junitxml=build/ci-junit.xml -rA --durations=30``): a client or upstream test
-    run started from a test took them too, writing its own JUnit XML over CI's path. Each side starts clean."""
+    """CI exports PYTEST_ADDOPTS (``--junitxml=build/ci-junit.xml -rA --durations=30``): a client test run started
+    from a test took them too, and kept its own JUnit XML off CI's path only because its ``--junitxml`` came later.
+    Each side, client or upstream, starts without the outer run's pytest variables."""
     from client_tier import cli
     from upstream_suite.execute import Side, child_environ
     monkeypatch.setenv("PYTEST_ADDOPTS", "--junitxml=ci-junit.xml")
