@@ -20,12 +20,22 @@ import pytest
 sys.path.append(str(Path(__file__).resolve().parents[1] / "tools"))
 import toolkit  # noqa: E402,F401
 
+# Run first, costliest first (CI's times by module: tools/ci-time); the other modules follow in their own order. With
+# README's two pytest-xdist workers (-n 2 --dist loadfile: a module's tests, and the launch they share, stay on one
+# worker) the long ones then start early and the workers finish together; a worker that took one last would run
+# alone for its minutes.
+COSTLIEST_FIRST = ("test_gas_check.py", "test_client_tier.py", "test_checkpoint_swap.py", "test_upstream_suite.py",
+                   "test_patch_tool.py", "test_gas_check_models.py", "test_hf_trainer.py", "test_gas_check_restart.py")
+
 
 def pytest_addoption(parser):
     parser.addoption("--run-slow", action="store_true", help="also run tests marked slow")
 
 
 def pytest_configure(config):
+    if hasattr(config.option, "loadscopereorder"):
+        # pytest-xdist orders modules by their number of tests unless told not to: take them in collection order.
+        config.option.loadscopereorder = False
     config.addinivalue_line("markers", "fork_only: needs deepspeed-gafix (skipped against pristine upstream)")
     config.addinivalue_line("markers", "slow: takes minutes; run with --run-slow")
 
@@ -57,6 +67,8 @@ def pytest_report_header(config):
 
 
 def pytest_collection_modifyitems(config, items):
+    rank = {name: position for position, name in enumerate(COSTLIEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
     fork = is_fork()
     run_slow = config.getoption("--run-slow")
     for item in items:
@@ -73,4 +85,11 @@ def extensions_dir(tmp_path_factory):
     Set DS_GAFIX_TEST_EXTENSIONS_DIR to keep the builds across runs.
     """
     kept = os.environ.get("DS_GAFIX_TEST_EXTENSIONS_DIR")
-    return Path(kept) if kept else tmp_path_factory.mktemp("torch_extensions")
+    if kept:
+        return Path(kept)
+    # pytest-xdist's workers each have a base temp of their own under the run's: the run's is shared, so each op
+    # builds once for all workers (torch's JIT build lock makes a second builder wait, then load).
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent / "torch_extensions" if os.environ.get("PYTEST_XDIST_WORKER") else base / "torch_extensions"
+    shared.mkdir(exist_ok=True)
+    return shared

@@ -43,29 +43,9 @@ def pristine_venv(version=None, like=None):
     venv = (REPO / os.environ.get("DS_GAFIX_VENV_DIR", "build") /
             f"upstream-venv-{version}-py{python_version}-torch{torch_version}").absolute()
     python = venvs.python_of(venv)
-    if not (venv / "bin" / "pytest").exists():
-        log = venv.with_name(venv.name + ".log")
-        print(f"building {venv} (deepspeed {version}, torch {torch_version}, Python {python_version}); log: {log}",
-              file=sys.stderr)
-        shutil.rmtree(venv, ignore_errors=True)
-        venv.parent.mkdir(parents=True, exist_ok=True)  # the log beside it (DS_GAFIX_VENV_DIR may be new)
-        env = clean_environ()
-        # The public version from the registry; its local label (+cpu, +cu130) must come out the same.
-        public = torch_version.split("+")[0]
-        if venvs.create(venv, base_python, log, env) or venvs.pip_install(venv, [f"torch=={public}"], log, env)[0]:
-            raise PristineNotFound(f"building {venv} failed: see {log}")
-        got = subprocess.run([python, "-c", "import torch; print(torch.__version__)"],
-                             stdout=subprocess.PIPE,
-                             text=True,
-                             env=env).stdout.strip().splitlines()[-1:]
-        got = got[0] if got else "nothing"
-        if got != torch_version:
-            shutil.rmtree(venv, ignore_errors=True)
-            raise PristineNotFound(f"torch=={public} installed as {got}, not {torch_version} like {like}: make the "
-                                   "registry (or pip's find-links) serve that build")
-        if venvs.pip_install(venv, [f"deepspeed=={version}", "-r", REPO / "tests" / "requirements.txt"], log, env)[0]:
-            shutil.rmtree(venv / "bin" / "pytest", ignore_errors=True)
-            raise PristineNotFound(f"installing deepspeed=={version} into {venv} failed: see {log}")
+    with venvs.building(venv):
+        if not (venv / "bin" / "pytest").exists():
+            _build_pristine(venv, version, torch_version, python_version, base_python, like)
     # deepspeed logs to stdout on import: the answer is the exit status.
     fork = subprocess.run([python, "-c", "import deepspeed, sys; sys.exit('+gafix' in deepspeed.__version__)"],
                           stdout=subprocess.DEVNULL,
@@ -73,6 +53,32 @@ def pristine_venv(version=None, like=None):
     if fork.returncode:
         raise PristineNotFound(f"{venv} holds the fork, not upstream")
     return venv
+
+
+def _build_pristine(venv, version, torch_version, python_version, base_python, like):
+    python = venvs.python_of(venv)
+    log = venv.with_name(venv.name + ".log")
+    print(f"building {venv} (deepspeed {version}, torch {torch_version}, Python {python_version}); log: {log}",
+          file=sys.stderr)
+    shutil.rmtree(venv, ignore_errors=True)
+    venv.parent.mkdir(parents=True, exist_ok=True)  # the log beside it (DS_GAFIX_VENV_DIR may be new)
+    env = clean_environ()
+    # The public version from the registry; its local label (+cpu, +cu130) must come out the same.
+    public = torch_version.split("+")[0]
+    if venvs.create(venv, base_python, log, env) or venvs.pip_install(venv, [f"torch=={public}"], log, env)[0]:
+        raise PristineNotFound(f"building {venv} failed: see {log}")
+    got = subprocess.run([python, "-c", "import torch; print(torch.__version__)"],
+                         stdout=subprocess.PIPE,
+                         text=True,
+                         env=env).stdout.strip().splitlines()[-1:]
+    got = got[0] if got else "nothing"
+    if got != torch_version:
+        shutil.rmtree(venv, ignore_errors=True)
+        raise PristineNotFound(f"torch=={public} installed as {got}, not {torch_version} like {like}: make the "
+                               "registry (or pip's find-links) serve that build")
+    if venvs.pip_install(venv, [f"deepspeed=={version}", "-r", REPO / "tests" / "requirements.txt"], log, env)[0]:
+        shutil.rmtree(venv / "bin" / "pytest", ignore_errors=True)
+        raise PristineNotFound(f"installing deepspeed=={version} into {venv} failed: see {log}")
 
 
 def pristine_python(given=None, fork_python=None):
