@@ -89,7 +89,9 @@ def extensions_dir(tmp_path_factory):
         return Path(kept)
     # pytest-xdist's workers each have a base temp of their own under the run's: the run's is shared, so each op
     # builds once for all workers (torch's JIT build lock makes a second builder wait, then load).
-    base = tmp_path_factory.getbasetemp()
-    shared = base.parent / "torch_extensions" if os.environ.get("PYTEST_XDIST_WORKER") else base / "torch_extensions"
-    shared.mkdir(exist_ok=True)
-    return shared
+    run_root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        run_root = run_root.parent
+    extensions = run_root / "torch_extensions"
+    extensions.mkdir(exist_ok=True)
+    return extensions
