@@ -67,3 +67,27 @@ def test_one_collective_per_step(launched, case):
     are all-reduced in backward and its norm needs no collective.)"""
     for rank, splits in enumerate(launched.case(case)):
         assert collectives(splits) == 1, f"rank {rank}: {splits}"
+
+
+def muon_result(norms, newton_schulz_dtype):
+    return {
+        "2x4": {
+            "max_rel_error": 0.0,
+            "norms": norms,
+            "reference_norms": [1.0] * len(norms),
+            "newton_schulz_dtype": newton_schulz_dtype
+        }
+    }
+
+
+def test_norm_criterion_allows_newton_schulz_rounding_only_after_the_first_update():
+    """Newton-Schulz in fp16 (a CPU with AVX512-FP16 runs it so, as a GPU does) moves the weights, so the fp32
+    cases' later norms, 4.6e-5 off the fp64 reference's on a right engine: allowed from step 2 on. The first norm
+    comes before any update: held to fp32's tolerance, as is every norm when Newton-Schulz ran in fp32."""
+    assert problems("Muon_zero1_fp32", muon_result([1.0 + 3e-8, 1.0 + 4.6e-5, 1.0 - 1.4e-5], "float16")) == []
+    assert problems("Muon_zero1_fp32", muon_result([1.0 + 4.6e-5, 1.0, 1.0],
+                                                   "float16")) == ["2x4: step 1 norm 1.0000, the gradient's 1.0000"]
+    assert problems("Muon_zero1_fp32", muon_result([1.0, 1.0 + 4.6e-5, 1.0],
+                                                   "float32")) == ["2x4: step 2 norm 1.0000, the gradient's 1.0000"]
+    assert problems("Muon_zero1_fp32", muon_result([1.0, 4.6, 1.0],
+                                                   "float16")) == ["2x4: step 2 norm 4.6000, the gradient's 1.0000"]

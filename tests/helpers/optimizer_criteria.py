@@ -15,6 +15,11 @@ UPDATE_TOLERANCE = {"fp32": 1e-4, "bf16": 1.5e-1, "fp16": 5e-2}
 NEWTON_SCHULZ_TOLERANCE = {"float32": 0.0, "float16": 2e-2}
 # Relative error of the reported norm against the fp64 gradient's: fp32 3e-7 seen, bf16 6e-4, fp16 4e-4.
 NORM_TOLERANCE = {"fp32": 1e-5, "bf16": 1e-2, "fp16": 2e-3}
+# From the second step on, the gradient is taken at weights that carry the first update's Newton-Schulz rounding:
+# fp16 there (a CPU with AVX512-FP16 counts as fp16-capable, as GPUs do) moved an fp32 case's later norms by up to
+# 4.6e-5. The first step's norm comes before any update and keeps the dtype's tolerance (0.19.8 reported the
+# update's norm, 4.6x the gradient's, from the first step on).
+NEWTON_SCHULZ_NORM_TOLERANCE = {"float32": 0.0, "float16": 5e-4}
 
 
 def dtype_of(case):
@@ -30,8 +35,11 @@ def problems(case, splits):
         if result["max_rel_error"] > allowed:
             found.append(f"{split}: update error {result['max_rel_error']:.2e} > {allowed:.0e}")
         for step, (norm, expected) in enumerate(zip(result["norms"], result["reference_norms"])):
+            tolerance = NORM_TOLERANCE[dtype]
+            if step > 0:
+                tolerance = max(tolerance, NEWTON_SCHULZ_NORM_TOLERANCE.get(result.get("newton_schulz_dtype"), 0.0))
             # ZeRO-0 fp32 takes no norm without clipping (the engine reports none): nothing to compare.
-            if norm is not None and abs(norm - expected) > NORM_TOLERANCE[dtype] * expected:
+            if norm is not None and abs(norm - expected) > tolerance * expected:
                 found.append(f"{split}: step {step + 1} norm {norm:.4f}, the gradient's {expected:.4f}")
     return found
 
