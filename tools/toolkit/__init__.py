@@ -2,7 +2,7 @@
 
 # DeepSpeed Team
 """What the maintainers' tools and benchmarks share: the repository, the two sides (fork and pristine), venvs,
-logged commands, free ports, pytest's outcomes, markdown tables and command-line options.
+logged commands, file locks, free ports, pytest's outcomes, markdown tables and command-line options.
 
 A script under tools/ has tools/ on ``sys.path`` already (Python puts a script's folder first); a benchmark or a
 test puts it there once. Importing this package makes the repository's other import roots reachable: the build

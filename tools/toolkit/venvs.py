@@ -4,13 +4,13 @@
 """Virtual environments the tools build (pristine's, a version-matrix cell's, a CUDA build cell's): an interpreter of
 a Python version, a venv on it, pip into it, each step logged."""
 
-import fcntl
 import os
 import shutil
 import subprocess
 from contextlib import contextmanager
 from pathlib import Path
 
+from toolkit import locks
 from toolkit.logs import run_logged
 
 
@@ -43,14 +43,8 @@ def building(venv):
     """Held while one process checks for and builds ``venv``: two test processes (pytest-xdist's workers) that
     want the same venv at once would otherwise both build it, each deleting what the other installs; the second
     waits, then finds it built. Released when the process ends, however it ends."""
-    lock = Path(venv).with_name(Path(venv).name + ".lock")
-    lock.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    with locks.exclusive(Path(venv).with_name(Path(venv).name + ".lock")):
+        yield
 
 
 def create(venv, base_python, log, env=None, cwd=None):

@@ -11,10 +11,11 @@ one side only, and read as regressions. ``--report-only`` reads the results and 
 needs no lock.
 """
 
-import fcntl
 import os
 from contextlib import contextmanager
 from pathlib import Path
+
+from toolkit import locks
 
 LOCK_NAME = "run.lock"
 
@@ -26,21 +27,9 @@ class WorkDirBusy(Exception):
 @contextmanager
 def hold(work_dir):
     """Hold ``work_dir`` for this run (released when the process ends, however it ends)."""
-    path = Path(work_dir) / LOCK_NAME
-    with open(path, "a+") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.seek(0)
-            holder = handle.read().strip() or "a process"
-            raise WorkDirBusy(
-                f"{holder} is running in {work_dir} (its scratch trees are in use): wait for it, "
-                "pass another --work-dir, or --report-only (reads the results, touches no tree)") from None
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"run-upstream-suite pid {os.getpid()}")
-        handle.flush()
-        try:
+    try:
+        with locks.exclusive(Path(work_dir) / LOCK_NAME, wait=False, holder=f"run-upstream-suite pid {os.getpid()}"):
             yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    except locks.Held as busy:
+        raise WorkDirBusy(f"{busy.holder} is running in {work_dir} (its scratch trees are in use): wait for it, "
+                          "pass another --work-dir, or --report-only (reads the results, touches no tree)") from None
