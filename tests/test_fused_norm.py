@@ -254,3 +254,17 @@ def test_ds_report_lists_the_op():
     assert report, "ds_report not found beside the interpreter or on PATH"
     out = subprocess.run([str(report)], capture_output=True, text=True, timeout=300).stdout
     assert any(line.startswith("fused_norm") for line in out.splitlines()), out[-2000:]
+
+
+def test_cpu_build_probes_the_cpu_once(monkeypatch):
+    """Loading the op computes its compiler flags, built or not. The CPU builder's base flags ran py-cpuinfo's
+    probe (a Python subprocess, about 1.5 s) twice, for -march and for a SIMD define the kernel never reads: each
+    rank's first norm paid both. One probe, for -march, and the flags that keep the CPU kernel's sums exact."""
+    import cpuinfo
+    from deepspeed.ops.op_builder.cpu.fused_norm import FusedNormBuilder
+    probes = []
+    monkeypatch.setattr(cpuinfo, "get_cpu_info", lambda: probes.append(1) or {"arch": "X86_64", "flags": ["avx2"]})
+    flags = FusedNormBuilder().cxx_args()
+    assert len(probes) == 1, flags
+    assert "-march=native" in flags and "-ffp-contract=off" in flags and "-fopenmp" in flags, flags
+    assert not [flag for flag in flags if flag.startswith("-D__")], flags
