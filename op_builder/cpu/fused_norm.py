@@ -25,13 +25,16 @@ class FusedNormBuilder(CPUOpBuilder):
     def include_paths(self):
         return ['csrc/fused_norm']
 
+    def simd_width(self):
+        # No SIMD define (-D__AVX512__ ...): only the CPU optimizers' simd.h reads one, and computing it runs
+        # py-cpuinfo's probe, a Python subprocess of about 1.5 s, on every load (cpu_arch() runs another), so each
+        # rank's first norm paid two. '' is dropped from the flags as an empty entry.
+        return ''
+
     def cxx_args(self):
-        # CPUOpBuilder's flags without its SIMD_WIDTH define (-D__AVX512__ ...), which only the CPU optimizers'
-        # simd.h reads: each of cpu_arch() and simd_width() runs py-cpuinfo's probe, a Python subprocess of about
-        # 1.5 s, on every load, so each rank's first norm paid two.
         # No fused multiply-add: -march=native would contract a lane's square-and-add into one, so this
         # build's fp32 sums would differ in their last bits from the CUDA build's CPU kernel.
-        return ['-O3', '-g', '-Wno-reorder', self.cpu_arch(), '-fopenmp', '-ffp-contract=off']
+        return super().cxx_args() + ['-ffp-contract=off']
 
     def extra_ldflags(self):
         return ['-fopenmp']

@@ -12,7 +12,7 @@ needs no lock.
 """
 
 import os
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from toolkit import locks
@@ -27,9 +27,13 @@ class WorkDirBusy(Exception):
 @contextmanager
 def hold(work_dir):
     """Hold ``work_dir`` for this run (released when the process ends, however it ends)."""
-    try:
-        with locks.exclusive(Path(work_dir) / LOCK_NAME, wait=False, holder=f"run-upstream-suite pid {os.getpid()}"):
-            yield
-    except locks.Held as busy:
-        raise WorkDirBusy(f"{busy.holder} is running in {work_dir} (its scratch trees are in use): wait for it, "
-                          "pass another --work-dir, or --report-only (reads the results, touches no tree)") from None
+    with ExitStack() as held:
+        try:
+            held.enter_context(
+                locks.exclusive(Path(work_dir) / LOCK_NAME, wait=False,
+                                holder=f"run-upstream-suite pid {os.getpid()}"))
+        except locks.Held as busy:  # taking the lock only: the run's own errors pass as they are
+            raise WorkDirBusy(
+                f"{busy.holder} is running in {work_dir} (its scratch trees are in use): wait for it, "
+                "pass another --work-dir, or --report-only (reads the results, touches no tree)") from None
+        yield
