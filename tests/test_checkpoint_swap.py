@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from helpers.continuation import TOLERANCE, dtype_of, relative_error
-from helpers.launch import deepspeed_command, launch_cases
+from helpers.launch import launch_cases, local_ranks_command
 from helpers.pristine import pristine_python
 from helpers.selection import selected_params
 
@@ -77,7 +77,7 @@ def swapped(tmp_path_factory, extensions_dir, request):
     selected = set(selected_params(request, "config", "swapped"))
     configs = [config for config in CONFIGS if config in selected]
     fork_launcher = None
-    pristine_launcher = deepspeed_command(str(Path(pristine_python()).with_name("deepspeed")))
+    pristine_launcher = local_ranks_command(pristine_python())
     written = {"pristine": root / "pristine", "fork": root / "fork"}
 
     def launch(launcher, *args):

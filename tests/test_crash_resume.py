@@ -27,7 +27,7 @@ import pytest
 import torch
 
 from helpers.continuation import TOLERANCE, dtype_of, relative_error
-from helpers.launch import launch_cases, run_launcher
+from helpers.launch import deepspeed_command, launch_cases, run_launcher
 from helpers.selection import selected_params
 
 WORKER = Path(__file__).parent / "workers" / "crash_resume.py"
@@ -39,7 +39,8 @@ TRIALS = 50
 # file of the second save, restarted on 2 ranks (0.19.8 resumes from the cut save and fails); restarts on 1 rank are
 # test_resume_world_size's in CI.
 CI_SEEDS = {4}
-# The launcher polls its ranks every second and ends the others once one has died.
+# The kill run goes through the deepspeed launcher, which users' ranks die under: it polls its ranks every second and
+# ends the others once one has died.
 TEARDOWN_SECONDS = 30
 # A restart trains at most 6 steps of a tiny model (20-40 s here); longer is a hang on what the kill left.
 RESTART_TIMEOUT = 240
@@ -130,7 +131,8 @@ def trials(tmp_path_factory, extensions_dir, request):
                                str(finished)
                            ],
                            timeout=300,
-                           extensions_dir=extensions_dir)
+                           extensions_dir=extensions_dir,
+                           launcher=deepspeed_command())
         ended = time.time()
         trial.update(returncode=run.returncode,
                      kill_came=killed_at.exists() and not finished.exists(),

@@ -1,13 +1,14 @@
 # SPDX-License-Identifier: Apache-2.0
 
 # DeepSpeed Team
-"""Two CPU ranks train the same global batch at two GAS splits on several engine paths (one launch)."""
+"""Two CPU ranks, started by the installed ``deepspeed`` launcher as users start them, train the same global batch at
+two GAS splits on several engine paths (one launch)."""
 
 import math
 
 import pytest
 
-from helpers.launch import launch_cases
+from helpers.launch import deepspeed_command, launch_cases
 from helpers.repo import REPO
 
 WORKER = REPO / "tests" / "workers" / "gas_splits.py"
@@ -17,7 +18,12 @@ NORM_TOLERANCE = {"fp32": 1e-5, "bf16": 3e-2}
 
 @pytest.fixture(scope="module")
 def launched(extensions_dir):
-    return launch_cases(WORKER, nprocs=2, cases=CASES, extensions_dir=extensions_dir, timeout=900)
+    return launch_cases(WORKER,
+                        nprocs=2,
+                        cases=CASES,
+                        extensions_dir=extensions_dir,
+                        timeout=900,
+                        launcher=deepspeed_command())
 
 
 def test_launch_exits_cleanly(launched):

@@ -1,8 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
 
 # DeepSpeed Team
-"""Launch N CPU ranks with the installed ``deepspeed`` launcher (or a client's, ``accelerate launch``) and collect
-what each rank reported.
+"""Launch N CPU ranks and collect what each rank reported: by default as the ``deepspeed`` launcher starts them on
+one node (``local_ranks.py``: the same variables, without its two torch-importing processes); with
+``deepspeed_command()``, the installed launcher itself (the tests of the launcher and of README's command); or a
+client's, ``accelerate launch``.
 
 Start-up costs 15-40 s here, so one launch runs many cases (see ``rank_cases.py``); each launch
 gets a free master port, the run's private extensions directory, a hard timeout, and its
@@ -27,6 +29,7 @@ sys.path.insert(0, str(REPO / "tools"))
 from toolkit.ports import free_port  # noqa: E402
 
 EXTENSIONS_DIR_VAR = "DS_GAFIX_TEST_EXTENSIONS_DIR"
+LOCAL_RANKS = Path(__file__).with_name("local_ranks.py")
 SHM_BUFFER_GLOB = "/dev/shm/deepspeed_allreduce_buffer_*_{port}_*"
 
 
@@ -43,9 +46,20 @@ def installed_script(name):
     return found
 
 
+def local_ranks_command(python=None):
+    """``local_ranks.py --nprocs N``: the ranks as ``deepspeed --num_gpus N --no_local_rank`` starts them, under the
+    interpreter running the tests (what ``run_launcher`` starts by default) or another install's (``python``, a
+    path: pristine's)."""
+
+    def command(nprocs, port):
+        return [python or sys.executable, str(LOCAL_RANKS), "--nprocs", str(nprocs), "--master_port", str(port)]
+
+    return command
+
+
 def deepspeed_command(launcher=None):
-    """``deepspeed --num_gpus N --no_local_rank``: the launcher of the interpreter running the tests (what
-    ``run_launcher`` starts by default), or another install's (``launcher``, a path: pristine's)."""
+    """``deepspeed --num_gpus N --no_local_rank``: the launcher of the interpreter running the tests, or another
+    install's (``launcher``, a path: pristine's)."""
 
     def command(nprocs, port):
         return [
@@ -100,10 +114,10 @@ def run_launcher(script, nprocs, args=(), timeout=600, extensions_dir=None, env=
 
     A launch still running after ``timeout`` seconds is killed and raises LaunchError, with what
     ``on_timeout()`` says about where the ranks were. ``launcher(nprocs, port)`` gives the command before the
-    script (default ``deepspeed_command()``).
+    script (default ``local_ranks_command()``).
     """
     port = free_port()
-    cmd = [*(launcher or deepspeed_command())(nprocs, port), str(script), *args]
+    cmd = [*(launcher or local_ranks_command())(nprocs, port), str(script), *args]
     run_env = dict(os.environ)
     run_env.update(env or {})
     if extensions_dir:
