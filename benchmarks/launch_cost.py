@@ -19,11 +19,10 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO / "tests"), str(REPO / "tools")]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 
+from toolkit import REPO, tables  # noqa: E402
 from helpers.launch import deepspeed_command, local_ranks_command, run_launcher  # noqa: E402
-from toolkit import tables  # noqa: E402
 
 PROBE = REPO / "tests" / "workers" / "launch_probe.py"
 WAYS = {"deepspeed launcher": deepspeed_command, "tests/helpers/local_ranks.py": local_ranks_command}
