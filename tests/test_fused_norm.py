@@ -261,10 +261,16 @@ def test_cpu_build_probes_the_cpu_once(monkeypatch):
     probe (a Python subprocess, about 1.5 s) twice, for -march and for a SIMD define the kernel never reads: each
     rank's first norm paid both. One probe, for -march, and the flags that keep the CPU kernel's sums exact."""
     import cpuinfo
+    from deepspeed.ops.op_builder import builder
     from deepspeed.ops.op_builder.cpu.fused_norm import FusedNormBuilder
     probes = []
     monkeypatch.setattr(cpuinfo, "get_cpu_info", lambda: probes.append(1) or {"arch": "X86_64", "flags": ["avx2"]})
-    flags = FusedNormBuilder().cxx_args()
+    # The process's probe (kept once asked, patch "Probe the CPU with py-cpuinfo once per process") is asked anew.
+    builder.probed_cpu_info.cache_clear()
+    try:
+        flags = FusedNormBuilder().cxx_args()
+    finally:
+        builder.probed_cpu_info.cache_clear()  # the stand-in's answer serves no later test
     assert len(probes) == 1, flags
     assert "-march=native" in flags and "-ffp-contract=off" in flags and "-fopenmp" in flags, flags
     assert not [flag for flag in flags if flag.startswith("-D__")], flags

@@ -26,9 +26,9 @@ class FusedNormBuilder(CPUOpBuilder):
         return ['csrc/fused_norm']
 
     def simd_width(self):
-        # No SIMD define (-D__AVX512__ ...): only the CPU optimizers' simd.h reads one, and computing it runs
-        # py-cpuinfo's probe, a Python subprocess of about 1.5 s, on every load (cpu_arch() runs another), so each
-        # rank's first norm paid two. '' is dropped from the flags as an empty entry.
+        # No SIMD define (-D__AVX512__ ...): only the CPU optimizers' simd.h reads one, and a process that loads no
+        # other op need not wait for py-cpuinfo's probe (a Python subprocess of about 1.5 s) a second time for it.
+        # '' is dropped from the flags as an empty entry.
         return ''
 
     def cxx_args(self):
