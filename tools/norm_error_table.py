@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 
 from toolkit import REPO, options, tables
-from helpers.launch import deepspeed_command, launch_cases
+from helpers.launch import launch_cases, local_ranks_command
 
 WORKERS = {
     "moe": REPO / "tests" / "workers" / "moe_norm.py",
@@ -75,8 +75,7 @@ def main(argv=None):
 
     launchers = {"fork": None}
     if args.pristine_python:
-        launchers["pristine"] = deepspeed_command(str(
-            Path(os.path.abspath(args.pristine_python)).parent / "deepspeed"))
+        launchers["pristine"] = local_ranks_command(os.path.abspath(args.pristine_python))
     for ranks in args.ranks:
         sides = {}
         for side, launcher in launchers.items():

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from toolkit import REPO, options, tables
-from helpers.launch import deepspeed_command, launch_cases
+from helpers.launch import launch_cases, local_ranks_command
 from helpers.optimizer_criteria import collectives, dtype_of, problems
 from toolkit.sides import pristine_python
 
@@ -32,7 +32,7 @@ NO_CPU_OP = "This op had not been implemented on CPU backend"
 
 
 def run_side(python, cases, extensions_dir):
-    launcher = deepspeed_command(str(Path(python).with_name("deepspeed")))
+    launcher = local_ranks_command(python)
     started = time.time()
     result = launch_cases(WORKER,
                           nprocs=2,
