@@ -26,9 +26,8 @@ class FusedNormBuilder(CPUOpBuilder):
         return ['csrc/fused_norm']
 
     def simd_width(self):
-        # No SIMD define (-D__AVX512__ ...): only the CPU optimizers' simd.h reads one, and a process that loads no
-        # other op need not wait for py-cpuinfo's probe (a Python subprocess of about 1.5 s) a second time for it.
-        # '' is dropped from the flags as an empty entry.
+        # No SIMD define (-D__AVX512__ ...): only the CPU optimizers' simd.h reads one, so it would only change the
+        # flags, and with them the op's JIT build, for nothing. '' is dropped from the flags as an empty entry.
         return ''
 
     def cxx_args(self):

@@ -6,9 +6,9 @@ one node (``local_ranks.py``: the same variables, without its two torch-importin
 ``deepspeed_command()``, the installed launcher itself (the tests of the launcher and of README's command); or a
 client's, ``accelerate launch``.
 
-Each rank's start-up (torch, deepspeed, its ops) still costs seconds, so one launch runs many cases (see ``rank_cases.py``); each launch
-gets a free master port, the run's private extensions directory, a hard timeout, and its
-``/dev/shm`` all-reduce buffers removed afterwards.
+Each rank's start-up (torch, deepspeed, its ops) still costs seconds, so one launch runs many cases (see
+``rank_cases.py``); each launch gets a free master port, the run's private extensions directory, a hard timeout,
+and its ``/dev/shm`` all-reduce buffers removed afterwards.
 """
 
 import glob

@@ -3,7 +3,8 @@
 # DeepSpeed Team
 """Rank worker for tests/test_launch.py (imports no torch): writes ``rank<RANK>.json`` in ``--out`` with what this
 rank was started with (its environment, its interpreter's arguments, the processes above it up to ``--below``, each
-with whether it loaded libtorch); with ``--fail-rank R``, rank R exits 3 once the others have written their pids, and the others wait to be ended.
+with whether it loaded libtorch); with ``--fail-rank R``, rank R exits 3 once the others have written their pids,
+and the others wait to be ended.
 """
 
 import argparse
