@@ -9,7 +9,8 @@ Then copies get one extra object each, in one file, which creates a marker direc
 states, in rank 1's optimizer states, in a pipeline layer file, in a universal checkpoint's fragment. Every loader
 must refuse the file, naming it, before the marker exists: load_checkpoint on the ranks that wrote it, resharded onto
 1 rank with checkpoint.reshard_on_load, the universal load, zero_to_fp32 (as a module and as the copy in the
-checkpoint directory) and ds_to_universal. 0.19.8 unpickled every one of them.
+checkpoint directory), ds_to_universal, and an inference v2 checkpoint's model config. 0.19.8 unpickled every one
+of them.
 """
 
 import os
@@ -270,3 +271,20 @@ def test_fast_checkpoint_engine_loads_a_clean_checkpoint(clean):
     path = named("optim_states.pt")(tag_files(clean[RESHARDED]))
     state = FastCheckpointEngine.load(FastCheckpointEngine.__new__(FastCheckpointEngine), str(path))
     assert deep_equal(state, torch.load(path, weights_only=False))
+
+
+def test_inference_v2_model_config_refuses_a_payload(tmp_path):
+    """An inference v2 checkpoint's ds_model_config.pkl: 0.19.8 unpickled it with plain pickle.load."""
+    import json
+    import pickle
+    from deepspeed.inference.v2.config_v2 import RaggedInferenceEngineConfig
+    from deepspeed.inference.v2.engine_factory import build_engine_from_ds_checkpoint
+    from deepspeed.inference.v2.model_implementations.flat_model_helpers import ModelMetadata, make_metadata_filename
+    marker = tmp_path / "ran"
+    with open(make_metadata_filename(str(tmp_path), 0, 1), "w") as f:
+        json.dump(ModelMetadata(policy="Llama2Policy").json(), f)
+    with open(tmp_path / "ds_model_config.pkl", "wb") as f:
+        pickle.dump({"config": Payload(marker)}, f)
+    with pytest.raises(pickle.UnpicklingError, match="Refused to load"):
+        build_engine_from_ds_checkpoint(str(tmp_path), RaggedInferenceEngineConfig())
+    assert not marker.exists(), "reading the model config ran code from it"
