@@ -159,28 +159,19 @@ def refused(clean, tmp_path_factory, extensions_dir):
     copies[("universal", RESHARDED)] = (universal, fragment, root / "ran-universal")
     add_payload(fragment, root / "ran-universal")
 
-    configs = ",".join(PAYLOAD_CONFIGS)
-    on_two = launch_cases(WORKER,
-                          2,
-                          extensions_dir=extensions_dir,
-                          extra_args=[
-                              "--resume", f"model={root / 'model'}", "--resume", f"optim={root / 'optim'}",
-                              "--configs", configs
-                          ],
-                          timeout=300)
-    on_one = launch_cases(WORKER,
-                          1,
-                          extensions_dir=extensions_dir,
-                          extra_args=[
-                              "--reshard", f"optim={root / 'optim'}", "--universal", f"u={root / 'universal'}",
-                              "--configs", RESHARDED
-                          ],
-                          timeout=300)
-    results = {}
-    for (label, config), (copy, target, marker) in copies.items():
-        results[(f"resume-{label}", config)] = (on_two, target, marker)
-    results[("reshard-optim", RESHARDED)] = (on_one, copies[("optim", RESHARDED)][1], copies[("optim", RESHARDED)][2])
-    results[("universal-u", RESHARDED)] = (on_one, fragment, root / "ran-universal")
+    def load_on(nprocs, *args):
+        return launch_cases(WORKER, nprocs, extensions_dir=extensions_dir, extra_args=list(args), timeout=300)
+
+    on_two = load_on(2, "--resume", f"model={root / 'model'}", "--resume", f"optim={root / 'optim'}", "--configs",
+                     ",".join(PAYLOAD_CONFIGS))
+    on_one = load_on(1, "--reshard", f"optim={root / 'optim'}", "--universal", f"u={root / 'universal'}", "--configs",
+                     RESHARDED)
+    results = {
+        (f"resume-{label}", config): (on_two, target, marker)
+        for (label, config), (_, target, marker) in copies.items() if label != "universal"
+    }
+    results[("reshard-optim", RESHARDED)] = (on_one, *copies[("optim", RESHARDED)][1:])
+    results[("universal-u", RESHARDED)] = (on_one, *copies[("universal", RESHARDED)][1:])
     return results
 
 
