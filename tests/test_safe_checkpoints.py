@@ -134,6 +134,36 @@ def test_every_file_loads_safely_as_it_was_written(clean, config):
         assert deep_equal(safe, torch.load(path, map_location="cpu", weights_only=False)), path
 
 
+@pytest.mark.fork_only
+def test_client_state_values_round_trip(tmp_path):
+    """What a training script keeps in client_state: Python, torch and numpy values (a numpy RNG state, metrics)."""
+    import argparse
+    import numpy as np
+    from deepspeed.checkpoint.safe_load import load_file
+    state = {
+        "epoch": 3,
+        "seen": {"a", "b"},
+        "shape": torch.Size([2, 3]),
+        "dtype": torch.bfloat16,
+        "torch_rng": torch.get_rng_state(),
+        "numpy_rng": np.random.get_state(),
+        "loss": np.float32(0.25),
+        "counts": np.arange(4, dtype=np.int64),
+        "args": argparse.Namespace(lr=0.1, name="run"),
+    }
+    path = tmp_path / "client_state.pt"
+    torch.save(state, path)
+    loaded = load_file(path)
+    assert loaded.keys() == state.keys()
+    for key, value in state.items():
+        if key == "numpy_rng":
+            assert all(np.array_equal(a, b) for a, b in zip(loaded[key], value)), key
+        elif isinstance(value, (torch.Tensor, np.ndarray)):
+            assert np.array_equal(np.asarray(loaded[key]), np.asarray(value)), key
+        else:
+            assert loaded[key] == value and type(loaded[key]) is type(value), key
+
+
 @pytest.fixture(scope="module")
 def refused(clean, tmp_path_factory, extensions_dir):
     """{(label, config): (the rank reports of loading the poisoned copy, poisoned file, marker)}."""
