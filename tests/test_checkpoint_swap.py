@@ -14,7 +14,6 @@ pristine 0.19.8 the same way.
 """
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -24,6 +23,7 @@ from helpers.continuation import TOLERANCE, dtype_of, relative_error
 from helpers.launch import launch_cases, local_ranks_command
 from helpers.pristine import pristine_python
 from helpers.selection import selected_params
+from helpers.universal import to_universal_command
 
 pytestmark = pytest.mark.fork_only
 
@@ -103,11 +103,8 @@ def swapped(tmp_path_factory, extensions_dir, request):
 
     # The fork converts its ZeRO checkpoints to the universal format; pristine loads them, and its own.
     for config in (config for config in UNIVERSAL if config in configs):
-        convert = subprocess.run([
-            sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder",
-            str(written["fork"] / config / TAG), "--output_folder",
-            str(written["fork"] / config / "universal"), "--no_strict", "--inject_missing_state"
-        ],
+        convert = subprocess.run(to_universal_command(written["fork"] / config / TAG,
+                                                      written["fork"] / config / "universal"),
                                  stdout=subprocess.PIPE,
                                  stderr=subprocess.STDOUT,
                                  text=True)

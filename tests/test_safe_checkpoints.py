@@ -23,6 +23,7 @@ import pytest
 import torch
 
 from helpers.launch import launch_cases
+from helpers.universal import to_universal_command
 
 WORKER = Path(__file__).parent / "workers" / "checkpoint_swap.py"
 TAG = "swap"
@@ -164,6 +165,15 @@ def test_client_state_values_round_trip(tmp_path):
             assert loaded[key] == value and type(loaded[key]) is type(value), key
 
 
+def run_tool(command, cwd):
+    return subprocess.run([str(part) for part in command],
+                          cwd=cwd,
+                          stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE,
+                          text=True,
+                          timeout=TIMEOUT)
+
+
 @pytest.fixture(scope="module")
 def refused(clean, tmp_path_factory, extensions_dir):
     """{(label, config): (the rank reports of loading the poisoned copy, poisoned file, marker)}."""
@@ -175,16 +185,8 @@ def refused(clean, tmp_path_factory, extensions_dir):
     # A universal checkpoint (the tag "universal" the worker's universal case loads) with a payload in one fragment.
     universal = root / "universal" / RESHARDED
     shutil.copytree(clean[RESHARDED], universal)
-    convert = subprocess.run([
-        sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder",
-        str(universal / TAG), "--output_folder",
-        str(universal / "universal"), "--no_strict", "--inject_missing_state"
-    ],
-                             stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT,
-                             text=True,
-                             timeout=TIMEOUT)
-    assert convert.returncode == 0, convert.stdout[-3000:]
+    convert = run_tool(to_universal_command(universal / TAG, universal / "universal"), cwd=root)
+    assert convert.returncode == 0, convert.stderr[-3000:]
     fragment = sorted((universal / "universal" / "zero").rglob("fp32.pt"))[0]
     copies[("universal", RESHARDED)] = (universal, fragment, root / "ran-universal")
     add_payload(fragment, root / "ran-universal")
@@ -239,33 +241,18 @@ def poisoned(clean, tmp_path):
     return payload_copy(clean[RESHARDED], tmp_path, "optim", rank1_optim_file)
 
 
-def run_tool(args, cwd):
-    return subprocess.run([sys.executable, *args],
-                          cwd=cwd,
-                          stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE,
-                          text=True,
-                          timeout=TIMEOUT)
-
-
 @pytest.mark.parametrize("tool", ["zero_to_fp32 module", "zero_to_fp32.py in the checkpoint", "ds_to_universal"])
 def test_command_line_tools_refuse_a_payload(poisoned, tmp_path, tool):
     checkpoint, target, marker = poisoned
     out = tmp_path / "out"
-    args = {
-        "zero_to_fp32 module": ["-m", "deepspeed.utils.zero_to_fp32",
-                                str(checkpoint),
-                                str(out), "--tag", TAG],
+    command = {
+        "zero_to_fp32 module": [sys.executable, "-m", "deepspeed.utils.zero_to_fp32", checkpoint, out, "--tag", TAG],
         "zero_to_fp32.py in the checkpoint":
-        [str(checkpoint / "zero_to_fp32.py"),
-         str(checkpoint), str(out), "--tag", TAG],
-        "ds_to_universal": [
-            "-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder",
-            str(checkpoint / TAG), "--output_folder",
-            str(out), "--no_strict", "--inject_missing_state"
-        ],
+        [sys.executable, checkpoint / "zero_to_fp32.py", checkpoint, out, "--tag", TAG],
+        "ds_to_universal":
+        to_universal_command(checkpoint / TAG, out),
     }[tool]
-    proc = run_tool(args, cwd=tmp_path)
+    proc = run_tool(command, cwd=tmp_path)
     assert not marker.exists(), f"{tool} ran the payload in {target.name}"
     assert proc.returncode != 0, f"{tool} converted a checkpoint with a payload in {target.name}"
     assert f"Refused to load checkpoint file {target}" in proc.stderr, proc.stderr[-3000:]
@@ -276,9 +263,8 @@ def test_command_line_tools_refuse_a_payload(poisoned, tmp_path, tool):
 def test_command_line_opt_in_trusts_the_files(poisoned, tmp_path):
     checkpoint, target, marker = poisoned
     proc = run_tool([
-        "-m", "deepspeed.utils.zero_to_fp32",
-        str(checkpoint),
-        str(tmp_path / "out"), "--tag", TAG, "--no_weights_only"
+        sys.executable, "-m", "deepspeed.utils.zero_to_fp32", checkpoint, tmp_path / "out", "--tag", TAG,
+        "--no_weights_only"
     ],
                     cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
