@@ -94,7 +94,7 @@ def lay_out_cuda_home(site_packages, home):
 
 SUMSQ = """
 import importlib, json, sys, torch
-tensors = torch.load(sys.argv[1])
+tensors = torch.load(sys.argv[1], weights_only=True)
 op = importlib.import_module(sys.argv[2]) if sys.argv[2] != 'cpu-jit' else None
 if op is None:
     from deepspeed.ops.fused_norm import load_op
