@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 
 # DeepSpeed Team
-"""A checkpoint file cannot run code when DeepSpeed loads it.
+"""A checkpoint file cannot run code when DeepSpeed loads it, and a damaged one is named, not loaded.
 
 2 CPU ranks write clean checkpoints of several configurations (tests/workers/checkpoint_swap.py). Every file of
 them loads with DeepSpeed's safe loader, deep-equal to an unchecked load: the allowlist holds what DeepSpeed writes.
@@ -10,9 +10,11 @@ states, in rank 1's optimizer states, in a pipeline layer file, in a universal c
 must refuse the file, naming it, before the marker exists: load_checkpoint on the ranks that wrote it, resharded onto
 1 rank with checkpoint.reshard_on_load, the universal load, zero_to_fp32 (as a module and as the copy in the
 checkpoint directory), ds_to_universal, and an inference v2 checkpoint's model config. 0.19.8 unpickled every one
-of them.
+of them. Every file carries a size and CRC32 record that matches it; copies with one byte flipped in a tensor, or a
+file cut short, are named by load_checkpoint and the command-line tools; 0.19.8 loaded the flipped byte.
 """
 
+import json
 import os
 import shutil
 import subprocess
@@ -295,3 +297,93 @@ def test_inference_v2_model_config_refuses_a_payload(tmp_path):
     with pytest.raises(pickle.UnpicklingError, match="Refused to load"):
         build_engine_from_ds_checkpoint(str(tmp_path), RaggedInferenceEngineConfig())
     assert not marker.exists(), "reading the model config ran code from it"
+
+
+def flip_tensor_byte(path):
+    """Flip one byte in the middle of the file's largest tensor: the file still loads, with one element changed."""
+    reader = torch._C.PyTorchFileReader(str(path))
+    storages = [name for name in reader.get_all_records() if "/data/" in f"/{name}" and not name.endswith(".pkl")]
+    largest = max(storages, key=reader.get_record_size)
+    offset = reader.get_record_offset(largest) + reader.get_record_size(largest) // 2
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)
+        f.seek(offset)
+        f.write(bytes([byte[0] ^ 0x10]))
+
+
+def truncate(path):
+    with open(path, "r+b") as f:
+        f.truncate(path.stat().st_size // 2)
+
+
+def damaged_copy(clean_dir, root, label, pick, damage):
+    """A copy of the checkpoint ``clean_dir`` under ``root/label`` with ``damage`` done to the file ``pick(files)``;
+    returns (the copy, the damaged file)."""
+    copy = root / label / clean_dir.name
+    shutil.copytree(clean_dir, copy)
+    target = pick(tag_files(copy))
+    damage(target)
+    return copy, target
+
+
+@pytest.mark.fork_only
+@pytest.mark.parametrize("config", CI_CONFIGS + [pytest.param(c, marks=pytest.mark.slow) for c in SLOW_CONFIGS])
+def test_every_file_carries_a_record_that_matches_it(clean, config):
+    from deepspeed.checkpoint import integrity
+    for path in tag_files(clean[config]):
+        record = integrity.record_path(path)
+        assert os.path.isfile(record), f"{config}: {path.name} has no checksum record"
+        with open(record) as f:
+            assert json.load(f) == integrity.file_record(path), path
+
+
+DAMAGES = {"flipped": (rank1_optim_file, flip_tensor_byte), "truncated": (model_file, truncate)}
+
+
+@pytest.fixture(scope="module")
+def damaged(clean, tmp_path_factory, extensions_dir):
+    """{(label, config): (the rank reports of loading the damaged copy, damaged file)}."""
+    root = tmp_path_factory.mktemp("damaged")
+    copies = {
+        (label, config): damaged_copy(clean[config], root, label, pick, damage)
+        for label, (pick, damage) in DAMAGES.items()
+        for config in PAYLOAD_CONFIGS
+    }
+    launched = launch_cases(WORKER,
+                            2,
+                            extensions_dir=extensions_dir,
+                            extra_args=[f"--resume={label}={root / label}"
+                                        for label in DAMAGES] + ["--configs", ",".join(PAYLOAD_CONFIGS)],
+                            timeout=300)
+    return {key: (launched, target) for key, (_, target) in copies.items()}
+
+
+@pytest.mark.parametrize("label", list(DAMAGES))
+@pytest.mark.parametrize("config", PAYLOAD_CONFIGS)
+def test_load_checkpoint_names_a_damaged_file(damaged, label, config):
+    launched, target = damaged[(label, config)]
+    case = f"resume-{label}/{config}"
+    for rank, cases in enumerate(launched.ranks):
+        outcome = cases[case]
+        assert not outcome["ok"], f"{case}, rank {rank}: the checkpoint with {target.name} {label} loaded"
+        # Every rank names it, the ranks that did not read it too: none is left waiting in a collective.
+        assert "CheckpointIntegrityError" in outcome["error"] and str(
+            target) in outcome["error"], outcome["error"][-2000:]
+
+
+@pytest.mark.parametrize("tool", ["zero_to_fp32 module", "zero_to_fp32.py in the checkpoint", "ds_to_universal"])
+def test_command_line_tools_name_a_damaged_file(clean, tmp_path, tool):
+    checkpoint, target = damaged_copy(clean[RESHARDED], tmp_path, "flipped", rank1_optim_file, flip_tensor_byte)
+    out = tmp_path / "out"
+    command = {
+        "zero_to_fp32 module": [sys.executable, "-m", "deepspeed.utils.zero_to_fp32", checkpoint, out, "--tag", TAG],
+        "zero_to_fp32.py in the checkpoint":
+        [sys.executable, checkpoint / "zero_to_fp32.py", checkpoint, out, "--tag", TAG],
+        "ds_to_universal":
+        to_universal_command(checkpoint / TAG, out),
+    }[tool]
+    proc = run_tool(command, cwd=tmp_path)
+    assert proc.returncode != 0, f"{tool} converted a checkpoint with a byte flipped in {target.name}"
+    assert f"Checkpoint file {target} is not the file that was saved" in proc.stderr, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]

@@ -1,0 +1,66 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+
+# DeepSpeed Team
+"""What checkpoint checksums cost: ``engine.load_checkpoint`` of one ZeRO checkpoint with its files verified against
+their size and CRC32 records (the default) and unverified, and ``save_checkpoint`` with and without writing the
+records, in turns on one CPU rank; and the CRC32 of the tag's files alone, per GiB.
+
+    python benchmarks/checkpoint_checksums.py [--params 110e6] [--stage 2] [--pairs 3]
+"""
+
+import argparse
+import glob
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from toolkit import tables  # noqa: E402
+from toolkit.ports import free_port  # noqa: E402
+from safe_load import engine_of, timed  # noqa: E402
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--params", type=float, default=110e6)
+    parser.add_argument("--stage", type=int, default=2)
+    parser.add_argument("--pairs", type=int, default=3)
+    args = parser.parse_args()
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_SIZE="1", MASTER_ADDR="127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(free_port()))
+    from deepspeed.checkpoint import integrity
+    engine, count = engine_of(int(args.params), args.stage)
+    loads = {"verified (default)": [], "unverified": []}
+    saves = {"records written (default)": [], "no records": []}
+    crc = []
+    with tempfile.TemporaryDirectory(prefix="ds-checksums-") as root:
+        engine.save_checkpoint(root, tag="t")
+        files = sorted(glob.glob(os.path.join(root, "t", "*.pt")))
+        size = sum(os.path.getsize(path) for path in files)
+        for _ in range(args.pairs):
+            with integrity.verify_checksums(False):
+                loads["unverified"].append(timed(lambda: engine.load_checkpoint(root, tag="t")))
+            loads["verified (default)"].append(timed(lambda: engine.load_checkpoint(root, tag="t")))
+            crc.append(timed(lambda: [integrity.file_crc32(path) for path in files]))
+        for _ in range(args.pairs):
+            engine.checkpoint_engine.checksums = False
+            saves["no records"].append(timed(lambda: engine.save_checkpoint(root, tag="s")))
+            engine.checkpoint_engine.checksums = True
+            saves["records written (default)"].append(timed(lambda: engine.save_checkpoint(root, tag="s")))
+    gib = size / 2**30
+    print(f"{count / 1e6:.0f}M parameters, ZeRO-{args.stage}, {len(files)} files, {gib:.2f} GiB; "
+          f"{args.pairs} of each, in turns; CRC32 alone {statistics.median(crc) / gib:.2f} s/GiB")
+    for title, times, base in (("load_checkpoint", loads, "unverified"), ("save_checkpoint", saves, "no records")):
+        reference = statistics.median(times[base])
+        rows = [[name, " ".join(f"{t:.2f}" for t in values), f"{statistics.median(values) / reference:.2f}"]
+                for name, values in times.items()]
+        print("\n".join(tables.table([title, "seconds", f"median / {base}"], rows, right=(f"median / {base}", ))))
+
+
+if __name__ == "__main__":
+    main()
