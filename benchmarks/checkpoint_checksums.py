@@ -9,7 +9,6 @@ records, in turns on one CPU rank; and the CRC32 of the tag's files alone, per G
     python benchmarks/checkpoint_checksums.py [--params 110e6] [--stage 2] [--pairs 3]
 """
 
-import argparse
 import glob
 import os
 import statistics
@@ -21,20 +20,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from toolkit import tables  # noqa: E402
-from toolkit.ports import free_port  # noqa: E402
-from safe_load import engine_of, timed  # noqa: E402
+from safe_load import one_rank_engine, timed  # noqa: E402
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--params", type=float, default=110e6)
-    parser.add_argument("--stage", type=int, default=2)
-    parser.add_argument("--pairs", type=int, default=3)
-    args = parser.parse_args()
-    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_SIZE="1", MASTER_ADDR="127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(free_port()))
+    args, engine, count = one_rank_engine(__doc__.splitlines()[0])
     from deepspeed.checkpoint import integrity
-    engine, count = engine_of(int(args.params), args.stage)
     # Counted, so that the table shows the verified loads did verify: every file, once.
     crc_of, verified_files = integrity.file_crc32, []
     integrity.file_crc32 = lambda path: verified_files.append(path) or crc_of(path)

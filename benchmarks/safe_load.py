@@ -57,16 +57,22 @@ def timed(fn):
     return time.perf_counter() - started
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def one_rank_engine(description):
+    """The command line's arguments (--params, --stage, --pairs), and the engine they ask for on one CPU rank, trained
+    one step, with its parameter count."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--params", type=float, default=110e6)
     parser.add_argument("--stage", type=int, default=2)
     parser.add_argument("--pairs", type=int, default=3)
     args = parser.parse_args()
     os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_SIZE="1", MASTER_ADDR="127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(free_port()))
+    return (args, *engine_of(int(args.params), args.stage))
+
+
+def main():
+    args, engine, count = one_rank_engine(__doc__.splitlines()[0])
     from deepspeed.checkpoint import safe_load
-    engine, count = engine_of(int(args.params), args.stage)
     with tempfile.TemporaryDirectory(prefix="ds-safe-load-") as root:
         engine.save_checkpoint(root, tag="t")
         files = sorted(glob.glob(os.path.join(root, "t", "*.pt")))

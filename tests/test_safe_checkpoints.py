@@ -167,6 +167,20 @@ def test_client_state_values_round_trip(tmp_path):
             assert loaded[key] == value and type(loaded[key]) is type(value), key
 
 
+TOOLS = ["zero_to_fp32 module", "zero_to_fp32.py in the checkpoint", "ds_to_universal"]
+
+
+def tool_command(tool, checkpoint, out):
+    """The command line of one of TOOLS that converts the checkpoint directory ``checkpoint`` into ``out``."""
+    return {
+        "zero_to_fp32 module": [sys.executable, "-m", "deepspeed.utils.zero_to_fp32", checkpoint, out, "--tag", TAG],
+        "zero_to_fp32.py in the checkpoint":
+        [sys.executable, checkpoint / "zero_to_fp32.py", checkpoint, out, "--tag", TAG],
+        "ds_to_universal":
+        to_universal_command(checkpoint / TAG, out),
+    }[tool]
+
+
 def run_tool(command, cwd):
     return subprocess.run([str(part) for part in command],
                           cwd=cwd,
@@ -243,18 +257,10 @@ def poisoned(clean, tmp_path):
     return payload_copy(clean[RESHARDED], tmp_path, "optim", rank1_optim_file)
 
 
-@pytest.mark.parametrize("tool", ["zero_to_fp32 module", "zero_to_fp32.py in the checkpoint", "ds_to_universal"])
+@pytest.mark.parametrize("tool", TOOLS)
 def test_command_line_tools_refuse_a_payload(poisoned, tmp_path, tool):
     checkpoint, target, marker = poisoned
-    out = tmp_path / "out"
-    command = {
-        "zero_to_fp32 module": [sys.executable, "-m", "deepspeed.utils.zero_to_fp32", checkpoint, out, "--tag", TAG],
-        "zero_to_fp32.py in the checkpoint":
-        [sys.executable, checkpoint / "zero_to_fp32.py", checkpoint, out, "--tag", TAG],
-        "ds_to_universal":
-        to_universal_command(checkpoint / TAG, out),
-    }[tool]
-    proc = run_tool(command, cwd=tmp_path)
+    proc = run_tool(tool_command(tool, checkpoint, tmp_path / "out"), cwd=tmp_path)
     assert not marker.exists(), f"{tool} ran the payload in {target.name}"
     assert proc.returncode != 0, f"{tool} converted a checkpoint with a payload in {target.name}"
     assert f"Refused to load checkpoint file {target}" in proc.stderr, proc.stderr[-3000:]
@@ -372,18 +378,10 @@ def test_load_checkpoint_names_a_damaged_file(damaged, label, config):
             target) in outcome["error"], outcome["error"][-2000:]
 
 
-@pytest.mark.parametrize("tool", ["zero_to_fp32 module", "zero_to_fp32.py in the checkpoint", "ds_to_universal"])
+@pytest.mark.parametrize("tool", TOOLS)
 def test_command_line_tools_name_a_damaged_file(clean, tmp_path, tool):
     checkpoint, target = damaged_copy(clean[RESHARDED], tmp_path, "flipped", rank1_optim_file, flip_tensor_byte)
-    out = tmp_path / "out"
-    command = {
-        "zero_to_fp32 module": [sys.executable, "-m", "deepspeed.utils.zero_to_fp32", checkpoint, out, "--tag", TAG],
-        "zero_to_fp32.py in the checkpoint":
-        [sys.executable, checkpoint / "zero_to_fp32.py", checkpoint, out, "--tag", TAG],
-        "ds_to_universal":
-        to_universal_command(checkpoint / TAG, out),
-    }[tool]
-    proc = run_tool(command, cwd=tmp_path)
+    proc = run_tool(tool_command(tool, checkpoint, tmp_path / "out"), cwd=tmp_path)
     assert proc.returncode != 0, f"{tool} converted a checkpoint with a byte flipped in {target.name}"
     assert f"Checkpoint file {target} is not the file that was saved" in proc.stderr, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
