@@ -55,6 +55,32 @@ def upstream_full():
             f"{cats['both pass']} both pass, {cats['both fail']} both fail, {cats['both skip']} both skip")
 
 
+RESHARD_RECORD = "reshard/results.json"
+
+
+def reshard():
+    """benchmarks/reshard.py's record: the largest model's moves, resharded as it loads against the load on the ranks
+    that saved, the universal route and torch.distributed.checkpoint."""
+    runs = load(RESHARD_RECORD)
+    size = runs[-1]["size"]
+    largest = [run for run in runs if run["size"] == size]
+
+    def of(move, way):
+        return next(run for run in largest if run["move"] == move and run["way"].startswith(way))
+
+    def left(way):
+        return max(run["disk_left"] for run in largest if run["way"].startswith(way)) / 2**30
+
+    moves = [run["move"] for run in largest if run["way"].startswith("DeepSpeed, resharded")]
+    return (f"ZeRO-2 at {size}: " + "; ".join(
+        f"{move} ranks {of(move, 'DeepSpeed, resharded')['seconds']:.1f} s as it loads (the same ranks "
+        f"{of(f'{move[0]} -> {move[0]}', 'DeepSpeed, same')['seconds']:.1f} s, through the universal format "
+        f"{of(move, 'DeepSpeed, through')['seconds']:.1f} s, torch.distributed.checkpoint "
+        f"{of(move, 'torch.distributed')['seconds']:.1f} s)"
+        for move in moves) + f"; left on disk {left('DeepSpeed, resharded'):.2f} GiB, through the universal format "
+            f"{left('DeepSpeed, through'):.2f} GiB")
+
+
 def patch_tests():
     report = load("patch_tests/report.json")
     fork, pristine = report["sides"]["fork"], report["sides"]["pristine"]
@@ -206,6 +232,7 @@ REPORTS = [
      "page: with checkpoint.reshard_on_load the resumed run continues the writer's (2 -> 1, 1 -> 2, 2 -> 4, 4 -> 2 "
      "ranks, ZeRO 1-3, Muon included; the HF Trainer and accelerate's load_state 2 -> 1; ds_gas_check --restart "
      "against fp64); 0.19.8 refuses every move"),
+    ("reshard.md", "What a resume on another number of ranks costs", "python benchmarks/reshard.py", reshard),
     ("safe_checkpoints.md", "Safe checkpoint loading: every loader, fork vs 0.19.8",
      "python -m pytest tests/test_safe_checkpoints.py --run-slow",
      "page: a payload in one file refused at every loader (load_checkpoint at ZeRO 2/3 and the pipeline, "
