@@ -24,40 +24,11 @@ VOCAB, CONTEXT = 32000, 1024
 
 
 def gpt_model(size):
+    """benchmarks/step_time.py's GPT-2, at one of SIZES."""
+    from step_time import gpt2_model
     hidden, layers, heads = SIZES[size]
-
-    class Block(torch.nn.Module):
-
-        def __init__(self):
-            super().__init__()
-            self.ln1, self.ln2 = torch.nn.LayerNorm(hidden), torch.nn.LayerNorm(hidden)
-            self.qkv, self.proj = torch.nn.Linear(hidden, 3 * hidden), torch.nn.Linear(hidden, hidden)
-            self.fc, self.out = torch.nn.Linear(hidden, 4 * hidden), torch.nn.Linear(4 * hidden, hidden)
-
-        def forward(self, x):
-            b, t, _ = x.shape
-            q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, heads, hidden // heads).permute(2, 0, 3, 1, 4)
-            a = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-            x = x + self.proj(a.transpose(1, 2).reshape(b, t, hidden))
-            return x + self.out(torch.nn.functional.gelu(self.fc(self.ln2(x))))
-
-    class GPT(torch.nn.Module):
-
-        def __init__(self):
-            super().__init__()
-            self.wte, self.wpe = torch.nn.Embedding(VOCAB, hidden), torch.nn.Embedding(CONTEXT, hidden)
-            self.blocks = torch.nn.ModuleList(Block() for _ in range(layers))
-            self.ln = torch.nn.LayerNorm(hidden)
-
-        def forward(self, tokens):
-            x = self.wte(tokens) + self.wpe(torch.arange(tokens.shape[1]))
-            for block in self.blocks:
-                x = block(x)
-            logits = self.ln(x) @ self.wte.weight.t()
-            return torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), tokens[:, 1:].flatten())
-
     torch.manual_seed(0)
-    return GPT()
+    return gpt2_model(hidden, layers, heads, VOCAB, CONTEXT)
 
 
 def tokens():
