@@ -262,6 +262,11 @@ def test_each_distributed_test_gets_a_master_port_the_os_chose(tmp_path):
     assert [result["outcome"] for result in outcomes.tests.values()] == ["passed", "passed"], outcomes.tests
 
 
+# What describe_python reports of two machines: upstream's tests skip on their differences.
+INTEL = {"cpu_vendor": "genuineintel", "dtypes": ["torch.float32", "torch.bfloat16", "torch.float16"]}
+AMD = {"cpu_vendor": "authenticamd", "dtypes": ["torch.float32", "torch.bfloat16"]}
+
+
 def test_a_fork_built_from_another_commit_resumes_but_other_code_or_packages_do_not(tmp_path):
     """The full tier takes several runs, on whatever machine each gets: the same code built from another
     commit (only the build's git stamp differs) resumes; a changed module or package does not, and the
@@ -272,7 +277,12 @@ def test_a_fork_built_from_another_commit_resumes_but_other_code_or_packages_do_
     (package / "engine.py").write_text("x = 1\n")
     (package / "git_version_info_installed.py").write_text("git_hash = 'abc'\n")
     identity = {key: "same" for key in baseline.KEYS}
-    info = {"deepspeed": "0.19.8+gafix.3", "packages": ["tabulate==0.10.0", "torch==2.13.0+cpu"], "ops": {}}
+    info = {
+        "deepspeed": "0.19.8+gafix.3",
+        "packages": ["tabulate==0.10.0", "torch==2.13.0+cpu"],
+        "ops": {},
+        "machine": INTEL
+    }
     recorded = side_identity(identity, info, package)
     SideOutcomes(tmp_path / "results.json", recorded).save()
 
@@ -296,7 +306,7 @@ def test_a_machine_that_builds_other_ops_does_not_resume_nor_replay_the_record(t
     (package / "engine.py").write_text("x = 1\n")
     shared = identity(pristine_version="0.19.8")
     with_libaio = {"async_io": True, "cpu_adam": True}
-    info = {"deepspeed": "0.19.8", "packages": ["torch==2.13.0+cpu"], "ops": with_libaio}
+    info = {"deepspeed": "0.19.8", "packages": ["torch==2.13.0+cpu"], "ops": with_libaio, "machine": INTEL}
     path = tmp_path / "results-pristine.json"
     outcomes = SideOutcomes(path, side_identity(shared, info, package))
     outcomes.record("unit/a.py::t", "passed", "", 1.0, "unit/a.py")
@@ -306,15 +316,45 @@ def test_a_machine_that_builds_other_ops_does_not_resume_nor_replay_the_record(t
     with pytest.raises(OutcomeMismatch, match="ops: async_io recorded True, now False"):
         SideOutcomes(path, side_identity(shared, dict(info, ops=without_libaio), package))
     fork_ops = dict(with_libaio, fused_norm=True)
-    assert baseline.load(path, shared, ["unit/a.py"], fork_ops) == (outcomes.tests, with_libaio)
+    assert baseline.load(path, shared, ["unit/a.py"], fork_ops, INTEL) == (outcomes.tests, with_libaio, INTEL)
     with pytest.raises(baseline.BaselineError, match="async_io builds there, does not here.*libaio-dev"):
-        baseline.load(path, shared, ["unit/a.py"], dict(fork_ops, async_io=False))
+        baseline.load(path, shared, ["unit/a.py"], dict(fork_ops, async_io=False), INTEL)
 
     recorded = tmp_path / "patch.json"
     baseline.record(recorded, shared, outcomes, ["unit/a.py"])
-    assert baseline.load(recorded, shared, ["unit/a.py"], fork_ops)[1] == with_libaio
+    assert baseline.load(recorded, shared, ["unit/a.py"], fork_ops, INTEL)[1] == with_libaio
     with pytest.raises(baseline.BaselineError, match="async_io"):
-        baseline.load(recorded, shared, ["unit/a.py"], dict(fork_ops, async_io=False))
+        baseline.load(recorded, shared, ["unit/a.py"], dict(fork_ops, async_io=False), INTEL)
+
+
+def test_another_cpu_vendor_or_dtypes_does_not_resume_nor_replay_the_record(tmp_path):
+    """Upstream's tests skip fp16 where the CPU accelerator lacks it, and cpu_adam's and cpu_lion's half precision
+    on AMD: pristine's outcomes from an AMD machine replayed on an Intel one read as dozens of regressions and
+    fixes that are none. Either difference refuses a resume and a replay; a record without it replays."""
+    from upstream_suite.cli import side_identity
+    package = tmp_path / "deepspeed"
+    package.mkdir()
+    (package / "engine.py").write_text("x = 1\n")
+    shared = identity(pristine_version="0.19.8")
+    info = {"deepspeed": "0.19.8", "packages": ["torch==2.13.0+cpu"], "ops": {}, "machine": AMD}
+    path = tmp_path / "results-pristine.json"
+    outcomes = SideOutcomes(path, side_identity(shared, info, package))
+    outcomes.record("unit/a.py::t", "skipped", "not supported on AMD CPUs", 1.0, "unit/a.py")
+    outcomes.mark_done("unit/a.py")
+
+    with pytest.raises(OutcomeMismatch, match="machine: cpu_vendor recorded 'authenticamd', now 'genuineintel'"):
+        SideOutcomes(path, side_identity(shared, dict(info, machine=INTEL), package))
+    with pytest.raises(baseline.BaselineError, match="CPU vendor authenticamd.*here CPU vendor genuineintel"):
+        baseline.load(path, shared, ["unit/a.py"], {}, INTEL)
+    with pytest.raises(baseline.BaselineError, match="another kind of machine"):  # fp16 alone
+        baseline.load(path, shared, ["unit/a.py"], {}, dict(AMD, dtypes=INTEL["dtypes"]))
+    assert baseline.load(path, shared, ["unit/a.py"], {}, dict(AMD, dtypes=AMD["dtypes"][::-1]))[2] == AMD
+
+    recorded = tmp_path / "patch.json"
+    baseline.record(recorded, shared, outcomes, ["unit/a.py"])
+    assert baseline.load(recorded, shared, ["unit/a.py"], {}, AMD)[2] == AMD
+    with pytest.raises(baseline.BaselineError, match="another kind of machine"):
+        baseline.load(recorded, shared, ["unit/a.py"], {}, INTEL)
 
 
 def test_an_unfinished_unit_resumes_without_rerunning_what_has_an_outcome(tmp_path):
@@ -433,13 +473,15 @@ def test_baseline_is_refused_for_another_setup_or_a_missing_unit(tmp_path):
     outcomes.mark_done("unit/a.py")
     path = tmp_path / "patch.json"
     baseline.record(path, identity(), outcomes, ["unit/a.py"])
-    assert baseline.load(path, identity(), ["unit/a.py"], {})[0] == {"unit/a.py::t": outcomes.tests["unit/a.py::t"]}
+    assert baseline.load(path, identity(), ["unit/a.py"], {}, INTEL)[0] == {
+        "unit/a.py::t": outcomes.tests["unit/a.py::t"]
+    }
     with pytest.raises(baseline.BaselineError, match="tests_sha256"):
-        baseline.load(path, identity(tests_sha256="y"), ["unit/a.py"], {})
+        baseline.load(path, identity(tests_sha256="y"), ["unit/a.py"], {}, INTEL)
     with pytest.raises(baseline.BaselineError, match="pin_sha256"):
-        baseline.load(path, identity(pin_sha256="y"), ["unit/a.py"], {})
+        baseline.load(path, identity(pin_sha256="y"), ["unit/a.py"], {}, INTEL)
     with pytest.raises(baseline.BaselineError, match="lacks 1 unit"):
-        baseline.load(path, identity(), ["unit/a.py", "unit/b.py"], {})
+        baseline.load(path, identity(), ["unit/a.py", "unit/b.py"], {}, INTEL)
     with pytest.raises(baseline.BaselineError, match="did not finish"):
         baseline.record(path, identity(), outcomes, ["unit/a.py", "unit/b.py"])
 
@@ -451,14 +493,15 @@ def test_a_finished_pristine_results_file_replays_as_a_baseline(tmp_path):
     outcomes = SideOutcomes(path, dict(recorded, deepspeed="0.19.8", packages=["torch==2.13.0"]))
     outcomes.record("unit/a.py::t", "passed", "", 1.0, "unit/a.py")
     outcomes.mark_done("unit/a.py")
-    # Recorded before results kept the ops: it replays, saying it does not know them.
-    assert baseline.load(path, identity(pristine_version="0.19.8"), ["unit/a.py"], {}) == (outcomes.tests, None)
+    # Recorded before results kept the ops and the machine: it replays, saying it does not know them.
+    assert baseline.load(path, identity(pristine_version="0.19.8"), ["unit/a.py"], {},
+                         INTEL) == (outcomes.tests, None, None)
     with pytest.raises(baseline.BaselineError, match="lacks 1 unit"):
-        baseline.load(path, identity(pristine_version="0.19.8"), ["unit/a.py", "unit/b.py"], {})
+        baseline.load(path, identity(pristine_version="0.19.8"), ["unit/a.py", "unit/b.py"], {}, INTEL)
     fork = tmp_path / "results-fork.json"
     SideOutcomes(fork, dict(recorded, deepspeed="0.19.8+gafix.4")).mark_done("unit/a.py")
     with pytest.raises(baseline.BaselineError, match="pristine_version"):
-        baseline.load(fork, identity(pristine_version="0.19.8"), ["unit/a.py"], {})
+        baseline.load(fork, identity(pristine_version="0.19.8"), ["unit/a.py"], {}, INTEL)
 
 
 def test_tree_hash_follows_content(tmp_path):
@@ -510,15 +553,18 @@ def test_patch_tier_has_no_regression(tmp_path, extensions_dir):
     upstream_tests_or_skip()
     report = tmp_path / "patch-tier.md"
     # Pristine's side replays its recorded outcomes where they were recorded on this torch and Python, on a
-    # machine that builds the same ops; elsewhere (the version matrix, a machine without libaio) it runs, in
+    # machine that builds the same ops, of the same CPU vendor and dtypes; elsewhere (the version matrix, a machine
+    # without libaio, an AMD CPU) it runs, in
     # the venv on this torch: a baseline from another torch would compare two torches, and a stale one for
     # any other reason must fail here.
     import torch
     from upstream_suite.cli import describe_python
     recorded = json.loads(baseline.default_path("patch").read_text())
     here = {"torch": torch.__version__, "python": "%d.%d" % sys.version_info[:2]}
-    same_ops = not baseline.ops_differing(recorded.get("ops") or {}, describe_python(sys.executable)["ops"])
-    if same_ops and all(recorded["keys"][key] == value for key, value in here.items()):
+    probe = describe_python(sys.executable)
+    same_ops = not baseline.ops_differing(recorded.get("ops") or {}, probe["ops"])
+    same_machine = not baseline.machine_differs(recorded.get("machine"), probe["machine"])
+    if same_ops and same_machine and all(recorded["keys"][key] == value for key, value in here.items()):
         pristine = ["--pristine-baseline"]
     else:
         from helpers.pristine import pristine_python

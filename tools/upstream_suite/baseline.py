@@ -8,8 +8,10 @@ the environment that runs them (torch, pytest, Python, LOCAL_SIZE). A baseline s
 keys and is refused when any differs, or when it lacks a unit of the tier: re-record it then
 (``tools/run-upstream-suite --tier patch --record-baseline``). It also stores which ops the recording machine
 could build (a test that needs an op skips where it cannot: async_io without libaio), and is refused on a
-machine where an op both sides have builds the other way; a baseline recorded before it kept them replays
-with a note saying so in the report.
+machine where an op both sides have builds the other way; and the machine's CPU vendor and the dtypes its
+accelerator supports, refused where either differs (upstream's tests skip fp16 where the CPU lacks it, and
+cpu_adam's and cpu_lion's half precision on AMD: replayed on another machine those read as regressions and fixes
+that are none). A baseline recorded before it kept either replays with a note saying so in the report.
 """
 
 import hashlib
@@ -59,6 +61,7 @@ def record(path, identity, outcomes, unit_keys):
             for key in KEYS
         },
         "ops": outcomes.identity.get("ops"),
+        "machine": outcomes.identity.get("machine"),
         "units": sorted(unit_keys),
         "tests": {
             test_id: result
@@ -78,6 +81,7 @@ def as_baseline(data):
     return {
         "keys": dict(identity, pristine_version=identity.get("deepspeed")),
         "ops": identity.get("ops"),
+        "machine": identity.get("machine"),
         "units": data.get("done_units", []),
         "tests": data.get("tests", {}),
     }
@@ -95,10 +99,21 @@ def ops_differing(recorded, now):
     return sorted(name for name in set(recorded) & set(now) if recorded[name] != now[name])
 
 
-def load(path, identity, unit_keys, ops):
-    """The recorded pristine outcomes ({test id: result}) for these units, and the ops the recording machine could
-    build ({op name: builds}; None in a baseline recorded before they were kept); raises when unusable. ``ops``:
-    which ops this machine builds (the fork side's probe)."""
+def describe_machine(machine):
+    return f"CPU vendor {machine.get('cpu_vendor') or 'unknown'}, dtypes {', '.join(machine.get('dtypes', []))}"
+
+
+def machine_differs(recorded, now):
+    """Whether a recorded machine ({cpu_vendor, dtypes}) differs from this one in what upstream's tests skip on;
+    False where the record does not say (a record older than the check)."""
+    return recorded is not None and (recorded.get("cpu_vendor") != now.get("cpu_vendor")
+                                     or sorted(recorded.get("dtypes", [])) != sorted(now.get("dtypes", [])))
+
+
+def load(path, identity, unit_keys, ops, machine):
+    """The recorded pristine outcomes ({test id: result}) for these units, the ops the recording machine could
+    build ({op name: builds}) and that machine's CPU vendor and dtypes (each None in a baseline recorded before
+    it was kept); raises when unusable. ``ops``, ``machine``: this machine's (the fork side's probe)."""
     path = Path(path)
     if not path.exists():
         raise BaselineError(f"no pristine baseline at {path}: record one with --record-baseline {path}")
@@ -114,9 +129,14 @@ def load(path, identity, unit_keys, ops):
         raise BaselineError(f"pristine baseline {path} was recorded on a machine that builds other ops ({detail}): "
                             "a test that needs one would skip on one side only. Give this machine what the op "
                             "needs (async_io: Debian's libaio-dev) or run the pristine side")
+    if machine_differs(data.get("machine"), machine):
+        raise BaselineError(f"pristine baseline {path} was recorded on another kind of machine "
+                            f"({describe_machine(data['machine'])}; here {describe_machine(machine)}): upstream's "
+                            "tests skip fp16 where the CPU lacks it and cpu_adam's and cpu_lion's half precision on "
+                            "AMD, so a replay would read those as regressions and fixes. Run the pristine side here")
     lacking = [key for key in unit_keys if key not in data["units"]]
     if lacking:
         raise BaselineError(f"pristine baseline {path} lacks {len(lacking)} unit(s) of this run ({lacking[0]} ...): "
                             "re-record it with --record-baseline")
     tests = {test_id: result for test_id, result in data["tests"].items() if result["unit"] in unit_keys}
-    return tests, data.get("ops")
+    return tests, data.get("ops"), data.get("machine")

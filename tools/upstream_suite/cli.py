@@ -58,8 +58,11 @@ def upstream_tests_dir(given):
 def describe_python(python):
     """deepspeed and torch versions as the interpreter sees them (run outside any source tree), and which of
     its accelerator's ops this machine can build: that turns on system libraries pip does not install (libaio
-    for async_io, so ZeRO-Infinity's NVMe tests), and a test that needs an op skips where it cannot build."""
-    probe = ("import json, os, sys, importlib.metadata as md, deepspeed, torch, pytest; "
+    for async_io, so ZeRO-Infinity's NVMe tests), and a test that needs an op skips where it cannot build; and the
+    machine's CPU vendor and the dtypes its accelerator supports, which upstream's tests skip on (fp16 where the
+    CPU lacks it, cpu_adam's and cpu_lion's half precision on AMD)."""
+    probe = ("import json, os, sys, importlib.metadata as md, cpuinfo, deepspeed, torch, pytest; "
+             "from deepspeed.accelerator import get_accelerator; "
              "from deepspeed.ops.op_builder.all_ops import ALL_OPS; "
              "print(json.dumps({'deepspeed': deepspeed.__version__, "
              "'torch': torch.__version__, 'pytest': pytest.__version__, 'python': '%d.%d' % sys.version_info[:2], "
@@ -67,7 +70,9 @@ def describe_python(python):
              "(d.metadata['Name'].lower(), d.version) for d in md.distributions() if d.metadata['Name'] and "
              "d.metadata['Name'].lower() not in ('deepspeed', 'pip', 'setuptools', 'wheel')}), "
              "'ops': {name: bool(builder.is_compatible(verbose=False)) "
-             "for name, builder in sorted(ALL_OPS.items())}}))")
+             "for name, builder in sorted(ALL_OPS.items())}, "
+             "'machine': {'cpu_vendor': cpuinfo.get_cpu_info().get('vendor_id_raw', '').lower(), "
+             "'dtypes': [str(d) for d in get_accelerator().supported_dtypes()]}}))")
     proc = subprocess.run([python, "-c", probe], cwd="/", stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if proc.returncode != 0:
         raise SetupError(
@@ -90,7 +95,8 @@ def side_identity(identity, info, package_dir):
     recorded.update(deepspeed=info["deepspeed"],
                     package_sha256=baseline.tree_sha256(package_dir, leave_out=BUILD_STAMP),
                     packages=list(info["packages"]),
-                    ops=dict(info["ops"]))
+                    ops=dict(info["ops"]),
+                    machine=dict(info["machine"]))
     return recorded
 
 
@@ -326,12 +332,17 @@ def run_in(args, work_dir):
     fork_tests = of_units(results["fork"])
     if replay:
         path = args.pristine_baseline or baseline.default_path(args.tier)
-        pristine_tests, recorded_ops = baseline.load(path, identity, unit_keys, fork_info["ops"])
+        pristine_tests, recorded_ops, recorded_machine = baseline.load(path, identity, unit_keys, fork_info["ops"],
+                                                                       fork_info["machine"])
         source = f"recorded baseline {Path(path).name}"
         if recorded_ops is None:
             source += (" (recorded before baselines kept which ops their machine could build: a test that needs "
                        "a system library, such as async_io's libaio, may differ for that alone; this machine "
                        f"builds {', '.join(name for name, builds in fork_info['ops'].items() if builds)})")
+        if recorded_machine is None:
+            source += (" (recorded before baselines kept their machine's CPU vendor and dtypes: a test that skips "
+                       "without fp16, or on one vendor, may differ for that alone; this machine: "
+                       f"{baseline.describe_machine(fork_info['machine'])})")
     else:
         pristine_tests = of_units(results["pristine"])
         source = "run side by side"
