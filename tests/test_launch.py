@@ -68,3 +68,28 @@ def test_a_failed_rank_ends_the_launch_with_its_code(tmp_path):
     waiting = int((tmp_path / "rank0.pid").read_text())
     assert not psutil.pid_exists(waiting) or psutil.Process(waiting).status() == psutil.STATUS_ZOMBIE
     assert "rank 1 exited with 3" in run.log
+
+
+def test_a_launch_whose_port_was_taken_runs_again_on_another(tmp_path):
+    """free_port's port is not held until rank 0's store listens: a launch that lost it ran nothing, and runs again
+    on a port picked again. Any other failure is the launch's own and is not run again."""
+    import sys
+    script = tmp_path / "rank.py"
+    script.write_text(
+        "import pathlib, sys\n"
+        "tries = pathlib.Path(sys.argv[1])\n"
+        "tries.write_text(tries.read_text() + sys.argv[2] + '\\n' if tries.exists() else sys.argv[2] + '\\n')\n"
+        "if len(tries.read_text().split()) == 1:\n"
+        "    sys.exit(print(f'{sys.argv[3]}: port: {sys.argv[2]}, code: -98, name: EADDRINUSE') or 1)\n")
+
+    def launcher(message):
+        return lambda nprocs, port: [sys.executable, str(script), str(tries), str(port), message]
+
+    tries = tmp_path / "taken"
+    run = run_launcher("", 1, launcher=launcher("The server socket has failed to listen on any local network address"))
+    assert run.returncode == 0
+    assert len(tries.read_text().split()) == 2, "the launch that lost its port did not run again, once"
+
+    tries = tmp_path / "other"
+    run = run_launcher("", 1, launcher=launcher("some other failure"))
+    assert run.returncode == 1 and len(tries.read_text().split()) == 1

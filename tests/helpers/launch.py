@@ -116,6 +116,24 @@ def run_launcher(script, nprocs, args=(), timeout=600, extensions_dir=None, env=
     ``on_timeout()`` says about where the ranks were. ``launcher(nprocs, port)`` gives the command before the
     script (default ``local_ranks_command()``).
     """
+    # The port is free when picked but not held: another launch (a pytest-xdist worker's, or gloo's own connections)
+    # may take it before rank 0's store listens. Then no rank ran, and the launch runs again on another port.
+    for _ in range(PORT_ATTEMPTS):
+        run = _run_launcher_once(script, nprocs, args, timeout, extensions_dir, env, on_timeout, launcher)
+        if run.returncode == 0 or not _port_taken(run.log):
+            return run
+    return run
+
+
+PORT_ATTEMPTS = 3
+
+
+def _port_taken(log):
+    """Whether rank 0's rendezvous store could not listen on its port: torch's message for it."""
+    return "server socket has failed to listen" in log and "EADDRINUSE" in log
+
+
+def _run_launcher_once(script, nprocs, args, timeout, extensions_dir, env, on_timeout, launcher):
     port = free_port()
     cmd = [*(launcher or local_ranks_command())(nprocs, port), str(script), *args]
     run_env = dict(os.environ)
