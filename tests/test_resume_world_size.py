@@ -26,10 +26,10 @@ from helpers.selection import selected_callspecs
 
 WORKER = Path(__file__).parent / "workers" / "checkpoint_swap.py"
 CONFIGS = [
-    "zero1_fp32_clip", "zero2_fp32_clip", "zero3_fp32_clip", "zero1_bf16_clip", "zero2_fp16_dynamic_scale_clip",
-    "zero3_fp16_dynamic_scale", "zero1_fp16_stepping_clip", "zero2_fp16_stepping_clip", "zero3_fp16_stepping",
-    "zero2_offload_fp32_clip", "zero3_offload_fp32_clip", "zero1_muon_clip", "zero2_muon_clip",
-    "zero2_offload_muon_clip", "zero3_muon_clip"
+    "zero1_fp32_clip", "zero2_fp32_clip", "zero3_fp32_clip", "zero1_bf16_clip", "zero1_bf16_fp32_accum_clip",
+    "zero2_round_robin_fp32_clip", "zero2_fp16_dynamic_scale_clip", "zero3_fp16_dynamic_scale",
+    "zero1_fp16_stepping_clip", "zero2_fp16_stepping_clip", "zero3_fp16_stepping", "zero2_offload_fp32_clip",
+    "zero3_offload_fp32_clip", "zero1_muon_clip", "zero2_muon_clip", "zero2_offload_muon_clip", "zero3_muon_clip"
 ]
 MOVES = [(2, 1), (1, 2), (2, 4), (4, 2)]
 # The 2-stage pipeline keeps its 2 stages (1 data-parallel replica on 2 ranks, 2 on 4), and the MoE layer its expert
@@ -40,6 +40,9 @@ KEPT_DEGREE_MOVES = [(2, 4), (4, 2)]
 # matrix, one matrix split between the ranks); --run-slow adds the other moves, ZeRO-1/2, bf16, fp16's loss scaler,
 # offload and Muon on ZeRO-2/3.
 CI_CASES = {("zero3_fp32_clip", 2, 1), ("zero1_muon_clip", 2, 1)}
+# The layouts that a reshard still converts through the universal format (a copy beside the checkpoint); every
+# other configuration is resharded as it loads, writing nothing.
+UNIVERSAL_ROUTE = {"zero1_muon_clip", "zero2_muon_clip", "zero3_muon_clip", MOE}
 # Another split of the global batch sums the gradients in another order: fp32 rounding, not 0.
 FP32_REORDERED = 1e-6
 # Muon's Newton-Schulz runs in fp16 (its default "gram" method; the workers declare fp16 supported), which turns that
@@ -120,6 +123,8 @@ def test_resumes_on_another_world_size(resumed, config, writer, reader):
     saved, loaded = resumed(config, writer, reader)
     for rank, restored in enumerate(loaded):
         assert restored["state"] == saved[0]["state"], f"{config}, {writer} -> {reader} ranks, rank {rank}"
+    route = "through the universal format" if config in UNIVERSAL_ROUTE else "as it loads"
+    assert loaded[0]["universal_copy"] == (config in UNIVERSAL_ROUTE), f"{config}: expected a reshard {route}"
     if "stepping" in config:  # the optimizer stepped before the save and the scale grew: Adam's states crossed
         assert saved[0]["state"]["skipped_steps"] == 0 and saved[0]["state"]["loss_scale"] > 2**8, saved[0]["state"]
     error = relative_error(one_model(saved, config), one_model(loaded, config))

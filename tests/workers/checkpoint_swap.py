@@ -85,6 +85,26 @@ CONFIGS = {
         },
         "gradient_clipping": 0.5
     },
+    # BF16_Optimizer: bf16 weights, fp32 gradient accumulation.
+    "zero1_bf16_fp32_accum_clip": {
+        "zero_optimization": {
+            "stage": 1
+        },
+        "bf16": {
+            "enabled": True
+        },
+        "data_types": {
+            "grad_accum_dtype": "fp32"
+        },
+        "gradient_clipping": 0.5
+    },
+    "zero2_round_robin_fp32_clip": {
+        "zero_optimization": {
+            "stage": 2,
+            "round_robin_gradients": True
+        },
+        "gradient_clipping": 0.5
+    },
     "zero2_fp16_dynamic_scale_clip": {
         "zero_optimization": {
             "stage": 2
@@ -329,8 +349,10 @@ def load_then_continue(case, ckpt_dir, universal=False, reshard=False):
         loaded, _ = engine.load_checkpoint(str(Path(ckpt_dir) / case), tag=tag)
         assert loaded is not None, f"load_checkpoint found nothing at {ckpt_dir}/{case} tag {tag}"
         restored = state(engine)
+        # Whether a reshard went through the universal format: its copy is kept beside the checkpoint.
+        universal_copy = (Path(ckpt_dir) / case / f"{TAG}_universal").is_dir()
         after = train_steps(engine, case, SAVE_AT, CONTINUE)
-        result = {"state": restored, "losses": after, "weights": weights(engine)}
+        result = {"state": restored, "losses": after, "weights": weights(engine), "universal_copy": universal_copy}
         engine.destroy()
         return result
 
