@@ -55,6 +55,30 @@ def upstream_full():
             f"{cats['both pass']} both pass, {cats['both fail']} both fail, {cats['both skip']} both skip")
 
 
+VALUE_OUTCOMES = {"arrives": "arrive", "mangled": "arrive mangled", "launch failed": "end the launch", "ran": "run"}
+
+
+def multi_node():
+    """tests/test_multinode.py's record (DS_GAFIX_MULTINODE_JSON): the demo across nodes, and each value's outcome."""
+    results = load("multi_node/results.json")
+    demos = sorted(
+        key.split("/", 1)[1] for key, outcome in results.items() if key.startswith("demo/") and outcome["agrees"])
+    failed = sorted(key for key, outcome in results.items() if key.startswith("demo/") and not outcome["agrees"])
+    values = {}
+    for key, outcome in results.items():
+        if key.startswith("value/"):
+            _, name, side = key.split("/")
+            values.setdefault(side, {}).setdefault(outcome, []).append(name)
+    sides = "; ".join(f"{'fork' if side == 'fork' else '0.19.8'}: " +
+                      ", ".join(f"{len(names)} {VALUE_OUTCOMES[outcome]}"
+                                for outcome, names in sorted(values[side].items())) for side in ("fork", "pristine")
+                      if side in values)
+    return (
+        f"2 nodes through the real runner, pdsh and ssh: the demo agrees with fp64 at {', '.join(demos)}"
+        f"{'; disagrees at ' + ', '.join(failed) if failed else ''}; {sum(map(len, values.get('fork', {}).values()))} "
+        f"hostile and ordinary values, one at a time, {sides}")
+
+
 RESHARD_RECORD = "reshard/results.json"
 
 
@@ -233,6 +257,7 @@ REPORTS = [
      "ranks, ZeRO 1-3, Muon included; the HF Trainer and accelerate's load_state 2 -> 1; ds_gas_check --restart "
      "against fp64); 0.19.8 refuses every move"),
     ("reshard.md", "What a resume on another number of ranks costs", "python benchmarks/reshard.py", reshard),
+    ("multi_node.md", "The launcher across nodes", "python -m pytest tests/test_multinode.py --run-slow", multi_node),
     ("safe_checkpoints.md", "Safe checkpoint loading: every loader, fork vs 0.19.8",
      "python -m pytest tests/test_safe_checkpoints.py --run-slow",
      "page: a payload in one file refused at every loader (load_checkpoint at ZeRO 2/3 and the pipeline, "
