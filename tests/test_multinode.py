@@ -28,6 +28,10 @@ from helpers.shell_values import NOT_IN_ENV_FILE, VALUES, filled
 
 DEMO = REPO / "examples" / "gas_demo.py"
 PROBE = REPO / "tests" / "workers" / "node_probe.py"
+FAILING = REPO / "tests" / "workers" / "node_failure.py"
+# Seconds from a failure to the last process of the job: the runner gives the nodes 30 s to stop their ranks.
+FULL_STOP_BOUND = 60
+JOB_PROCESSES = "node_failure\\.py|deepspeed\\.launcher\\.launch|bin/deepspeed --hostfile"
 LAUNCH_TIMEOUT = 300
 
 
@@ -40,22 +44,35 @@ def _record(case, outcome):
     Path(path).write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
 
 
-def launch_on_node0(nodes, deepspeed, args, cwd, env=None, timeout=LAUNCH_TIMEOUT):
-    """The runner ``deepspeed args`` started on node 0 in ``cwd``, as a user logged in there starts it.
-
-    -> (return code, output, seconds). A launch past ``timeout`` fails the test; the nodes' teardown ends it.
-    """
+def start_on_node0(nodes, deepspeed, args, cwd, env=None):
+    """The runner ``deepspeed args`` started on node 0 in ``cwd``, as a user logged in there starts it; its output
+    goes to ``cwd``/runner.log. -> the local ssh process."""
     env_words = [f"{name}={value}" for name, value in (env or {}).items()]
     argv = ["sh", "-c", 'cd "$1" && shift && exec "$@"', "launch", str(cwd), "env", *env_words, deepspeed, *args]
-    started = time.monotonic()
-    proc = subprocess.Popen(nodes.ssh_command(0, argv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    with open(Path(cwd) / "runner.log", "wb") as log:
+        return subprocess.Popen(nodes.ssh_command(0, argv), stdout=log, stderr=subprocess.STDOUT)
+
+
+def finish(proc, cwd, timeout=LAUNCH_TIMEOUT, must_end=True):
+    """-> (return code, output) once the runner ended. One past ``timeout`` fails the test, or, unless ``must_end``,
+    gives return code None (the nodes' teardown ends what it left)."""
     try:
-        out, _ = proc.communicate(timeout=timeout)
+        proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         proc.kill()
-        out, _ = proc.communicate()
-        pytest.fail(f"launch did not end in {timeout} s:\n{out.decode(errors='replace')[-4000:]}")
-    return proc.returncode, out.decode(errors="replace"), time.monotonic() - started
+        proc.wait()
+        output = (Path(cwd) / "runner.log").read_text(errors="replace")
+        if must_end:
+            pytest.fail(f"launch did not end in {timeout} s:\n{output[-4000:]}")
+        return None, output
+    return proc.returncode, (Path(cwd) / "runner.log").read_text(errors="replace")
+
+
+def launch_on_node0(nodes, deepspeed, args, cwd, env=None, timeout=LAUNCH_TIMEOUT):
+    """start_on_node0 and finish. -> (return code, output, seconds)."""
+    started = time.monotonic()
+    returncode, output = finish(start_on_node0(nodes, deepspeed, args, cwd, env), cwd, timeout)
+    return returncode, output, time.monotonic() - started
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +98,9 @@ def node_env(extensions_dir):
 def test_demo_across_two_nodes(nodes, node_env, tmp_path, stage, slots):
     hostfile = nodes.hostfile(slots, tmp_path / "hostfile")
     args = ["--hostfile", str(hostfile), "--no_local_rank", str(DEMO), "--zero-stage", str(stage)]
-    returncode, output, seconds = launch_on_node0(nodes, installed_script("deepspeed"), args, REPO, node_env)
+    work = tmp_path / "work"
+    work.mkdir()
+    returncode, output, seconds = launch_on_node0(nodes, installed_script("deepspeed"), args, work, node_env)
     agrees = returncode == 0 and ": AGREE" in output
     _record(f"demo/zero{stage}/2x{slots}", {"seconds": round(seconds, 1), "agrees": agrees})
     assert agrees, output[-4000:]
@@ -161,3 +180,95 @@ def test_nodes_leave_nothing_behind(tmp_path):
     listed = subprocess.run(["ip", "netns", "list"], stdout=subprocess.PIPE, text=True).stdout
     assert not any(netns in listed for netns in names[0])
     assert subprocess.run(["ip", "link", "show", names[1]], capture_output=True).returncode != 0
+
+
+def _wait_for(paths, proc, cwd, within=120):
+    deadline = time.monotonic() + within
+    while not all(path.exists() for path in paths):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            output = (Path(cwd) / "runner.log").read_text(errors="replace")
+            pytest.fail(f"the job never reached {[path.name for path in paths]}:\n{output[-4000:]}")
+        time.sleep(0.1)
+
+
+FAILURES = {
+    "start": "rank 1 (node 1) exits with an error before the process group forms",
+    "train": "rank 1 (node 1) killed (SIGKILL) after 20 all-reduces",
+    "lost-node": "node 1 dies in training: every process of it killed at once",
+    "runner-sigterm": "the runner on node 0 gets SIGTERM in training",
+}
+
+_BUILT = set()
+
+
+def _build_comm_op(python, extensions_dir):
+    """Build the CPU all-reduce op a rank loads as the process group forms, before a trial stops ranks: a rank
+    stopped in the middle of a JIT build leaves its lock behind, and every later build waits on it."""
+    if python in _BUILT:
+        return
+    code = "from deepspeed.accelerator import get_accelerator; get_accelerator().create_op_builder('ShareMemCommBuilder').load()"
+    subprocess.run([python, "-c", code],
+                   env=dict(os.environ, TORCH_EXTENSIONS_DIR=str(extensions_dir)),
+                   check=True,
+                   timeout=900,
+                   stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL)
+    _BUILT.add(python)
+
+
+def _failure_params():
+    for side in ("fork", "pristine"):
+        for case in FAILURES:
+            slow = side == "pristine" or case in ("train", "runner-sigterm")
+            yield pytest.param(side, case, marks=[pytest.mark.slow] if slow else [], id=f"{side}-{case}")
+
+
+@pytest.mark.parametrize("side,case", _failure_params())
+def test_failure_ends_the_job(tmp_path, node_env, side, case):
+    """Wherever the job fails, every node's processes of it end within FULL_STOP_BOUND s, and the runner exits
+    non-zero. On pristine DeepSpeed (slow) the same trials are recorded, not judged."""
+    require_nodes()
+    if side == "pristine":
+        from helpers.pristine import pristine_python
+        deepspeed = str(Path(pristine_python()).with_name("deepspeed"))
+    else:
+        deepspeed = installed_script("deepspeed")
+    _build_comm_op(str(Path(deepspeed).with_name("python")), node_env["TORCH_EXTENSIONS_DIR"])
+    work, out = tmp_path / "work", tmp_path / "out"
+    work.mkdir()
+    out.mkdir()
+    fail = case if case in ("start", "train") else "none"
+    # The interface and the ops through .deepspeed_env, which 0.19.8 reads too (it forwards no GLOO_* or TORCH_*).
+    (work / ".deepspeed_env").write_text("".join(f"{name}={value}\n" for name, value in node_env.items()))
+    with Nodes(2, tmp_path / "nodes") as nodes:
+        hostfile = nodes.hostfile(1, work / "hostfile")
+        args = ["--hostfile", str(hostfile), "--no_local_rank", str(FAILING), str(out), "--fail", fail]
+        proc = start_on_node0(nodes, deepspeed, args, work, node_env)
+        if case in ("start", "train"):
+            _wait_for([out / "failed-at"], proc, work)
+            failed_at = float((out / "failed-at").read_text())
+        else:
+            _wait_for([out / "training-0", out / "training-1"], proc, work)
+            failed_at = time.time()
+            if case == "lost-node":
+                nodes.kill(1)
+            else:
+                nodes.ssh(0, ["pkill", "-TERM", "-f", "bin/deepspeed --hostfile"], timeout=30)
+        # Processes left are counted once the runner ended, or, where it did not end in time, before the
+        # teardown ends them.
+        proc_timeout = FULL_STOP_BOUND + (120 if side == "fork" else 0)
+        returncode, output = finish(proc, work, timeout=proc_timeout, must_end=side == "fork")
+        seconds = time.time() - failed_at
+        left = {index: nodes.processes(index, JOB_PROCESSES) for index in range(2) if nodes.alive(index)}
+        _record(
+            f"failure/{case}/{side}", {
+                "where": FAILURES[case],
+                "seconds": round(seconds, 1) if returncode is not None else None,
+                "returncode": returncode,
+                "left": sum(left.values())
+            })
+    if side == "pristine":
+        return
+    assert returncode != 0, output[-4000:]
+    assert seconds < FULL_STOP_BOUND, f"{seconds:.0f} s to a full stop:\n{output[-4000:]}"
+    assert not any(left.values()), f"processes of the job left on the nodes: {left}"

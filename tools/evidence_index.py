@@ -58,25 +58,53 @@ def upstream_full():
 VALUE_OUTCOMES = {"arrives": "arrive", "mangled": "arrive mangled", "launch failed": "end the launch", "ran": "run"}
 
 
-def multi_node():
-    """tests/test_multinode.py's record (DS_GAFIX_MULTINODE_JSON): the demo across nodes, and each value's outcome."""
-    results = load("multi_node/results.json")
-    demos = sorted(
-        key.split("/", 1)[1] for key, outcome in results.items() if key.startswith("demo/") and outcome["agrees"])
-    failed = sorted(key for key, outcome in results.items() if key.startswith("demo/") and not outcome["agrees"])
+def _value_outcomes(results):
+    """side -> {outcome: [value names]} of the table of values."""
     values = {}
     for key, outcome in results.items():
         if key.startswith("value/"):
             _, name, side = key.split("/")
             values.setdefault(side, {}).setdefault(outcome, []).append(name)
+    return values
+
+
+def _failure_trials(results):
+    trials = {}
+    for key, outcome in results.items():
+        if key.startswith("failure/"):
+            _, case, side = key.split("/")
+            trials.setdefault(side, {})[case] = outcome
+    fork = list(trials.get("fork", {}).values())
+    stopped = [trial["seconds"] for trial in fork if trial["returncode"] not in (None, 0)]
+    if not fork or len(stopped) < len(fork):
+        return "; a failure trial of the fork did not stop"
+    text = (f"; {len(fork)} kinds of failure (a rank before the rendezvous or in training, a lost node, the runner "
+            f"stopped): every process of the job gone {min(stopped)}-{max(stopped)} s after, "
+            f"{sum(trial['left'] for trial in fork)} left")
+    pristine = list(trials.get("pristine", {}).values())
+    if pristine:
+        hung = sum(trial["returncode"] is None for trial in pristine)
+        leaving = sum(trial["left"] > 0 for trial in pristine)
+        text += f" (0.19.8: {hung} of {len(pristine)} not stopped in 60 s, {leaving} left processes)"
+    return text
+
+
+def multi_node():
+    """tests/test_multinode.py's record (DS_GAFIX_MULTINODE_JSON): the demo across nodes, each value's outcome, the
+    failure trials."""
+    results = load("multi_node/results.json")
+    demos = [key for key in results if key.startswith("demo/")]
+    agree = sorted(key.split("/", 1)[1] for key in demos if results[key]["agrees"])
+    disagree = sorted(key.split("/", 1)[1] for key in demos if not results[key]["agrees"])
+    values = _value_outcomes(results)
     sides = "; ".join(f"{'fork' if side == 'fork' else '0.19.8'}: " +
                       ", ".join(f"{len(names)} {VALUE_OUTCOMES[outcome]}"
                                 for outcome, names in sorted(values[side].items())) for side in ("fork", "pristine")
                       if side in values)
-    return (
-        f"2 nodes through the real runner, pdsh and ssh: the demo agrees with fp64 at {', '.join(demos)}"
-        f"{'; disagrees at ' + ', '.join(failed) if failed else ''}; {sum(map(len, values.get('fork', {}).values()))} "
-        f"hostile and ordinary values, one at a time, {sides}")
+    counted = sum(map(len, values.get("fork", {}).values()))
+    return (f"2 nodes through the real runner, pdsh and ssh: the demo agrees with fp64 at {', '.join(agree)}"
+            f"{'; disagrees at ' + ', '.join(disagree) if disagree else ''}; {counted} hostile and ordinary values, "
+            f"one at a time, {sides}{_failure_trials(results)}")
 
 
 RESHARD_RECORD = "reshard/results.json"

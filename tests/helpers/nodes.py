@@ -183,6 +183,21 @@ class Nodes:
             subprocess.run(["ip", "netns", "del", netns], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         subprocess.run(["ip", "link", "del", self.bridge], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
+    def kill(self, index):
+        """Node ``index`` dies at once: its sshd, the first process of its process namespace, is killed with every
+        process of the node; its network stays, as a switch port would."""
+        proc = self.sshd[index]
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+
+    def alive(self, index):
+        return self.sshd[index].poll() is None
+
+    def processes(self, index, pattern):
+        """How many processes of node ``index`` have a command line matching ``pattern`` (pgrep -f)."""
+        found = self.ssh(index, ["pgrep", "-f", pattern], timeout=30, check=False)
+        return len(found.stdout.split()) if found.returncode == 0 else 0
+
     def ssh_command(self, index, argv):
         """ssh to node ``index`` running ``argv``, each word quoted for its shell."""
         return ["ssh", "-F", str(self.root / "ssh_config"), self.addresses[index], shlex.join(argv)]
