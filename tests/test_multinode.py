@@ -137,6 +137,31 @@ def test_values_arrive_on_every_node(nodes, tmp_path):
         assert {key: rank[key] for key in expected} == expected, f"rank {rank['rank']}"
 
 
+@pytest.mark.parametrize("filters,placed", [
+    (["--include", "node1"], [("node1", 0), ("node1", 1)]),
+    (["--exclude", "node0:1"], [("node0", 0), ("node1", 0), ("node1", 1)]),
+    (["--num_nodes", "1"], [("node0", 0), ("node0", 1)]),
+    (["--num_gpus", "1"], [("node0", 0), ("node1", 0)]),
+],
+                         ids=["include-node1", "exclude-node0-slot1", "num_nodes-1", "num_gpus-1"])
+def test_filters_place_ranks(nodes, node_env, tmp_path, filters, placed):
+    """--include, --exclude, --num_nodes and --num_gpus on 2 nodes x 2 slots: each global rank's node, and local ranks
+    0..n-1 on each node. Which local rank a global rank gets is launch.py's (global rank modulo the node's count)."""
+    work, out = tmp_path / "work", tmp_path / "work" / "out"
+    out.mkdir(parents=True)
+    hostfile = nodes.hostfile(2, work / "hostfile")
+    args = ["--hostfile", str(hostfile), *filters, str(PROBE), str(out)]
+    returncode, output, seconds = launch_on_node0(nodes, installed_script("deepspeed"), args, work, node_env)
+    ranks = sorted((json.loads(path.read_text()) for path in out.glob("rank*.json")), key=lambda rank: rank["rank"])
+    got = [(rank["node"], rank["local_rank"]) for rank in ranks]
+    right = [node for node, _ in got] == [node for node, _ in placed] and sorted(got) == sorted(placed)
+    _record(f"filter/{' '.join(filters)}", {"seconds": round(seconds, 1), "placed": got, "right": right})
+    assert returncode == 0, output[-4000:]
+    assert [node for node, _ in got] == [node for node, _ in placed], output[-4000:]
+    assert sorted(got) == sorted(placed), output[-4000:]
+    assert all(rank["world_size"] == len(placed) for rank in ranks)
+
+
 def _outcome(expected, returncode, ranks, marker):
     if marker.exists():
         return "ran"
