@@ -75,6 +75,14 @@ def launch_on_node0(nodes, deepspeed, args, cwd, env=None, timeout=LAUNCH_TIMEOU
     return returncode, output, time.monotonic() - started
 
 
+def _runner(side):
+    """The ``deepspeed`` runner of the install under test ("fork") or of pristine upstream's venv."""
+    if side == "pristine":
+        from helpers.pristine import pristine_python
+        return str(Path(pristine_python()).with_name("deepspeed"))
+    return installed_script("deepspeed")
+
+
 @pytest.fixture(scope="module")
 def nodes(tmp_path_factory):
     require_nodes()
@@ -177,11 +185,7 @@ def _outcome(expected, returncode, ranks, marker):
 @pytest.mark.parametrize("name", list(VALUES))
 def test_value_table(nodes, tmp_path, name, side):
     """One value at a time, on the fork and on pristine DeepSpeed: arrives, mangled, launch failed, or ran."""
-    if side == "pristine":
-        from helpers.pristine import pristine_python
-        deepspeed = str(Path(pristine_python()).with_name("deepspeed"))
-    else:
-        deepspeed = installed_script("deepspeed")
+    deepspeed = _runner(side)
     marker = tmp_path / "marker"
     expected, output, returncode, ranks = probe_launch(nodes, deepspeed, tmp_path / "work", [name], marker)
     outcome = _outcome(expected, returncode, ranks, marker)
@@ -253,11 +257,7 @@ def test_failure_ends_the_job(tmp_path, node_env, side, case):
     """Wherever the job fails, every node's processes of it end within FULL_STOP_BOUND s, and the runner exits
     non-zero. On pristine DeepSpeed (slow) the same trials are recorded, not judged."""
     require_nodes()
-    if side == "pristine":
-        from helpers.pristine import pristine_python
-        deepspeed = str(Path(pristine_python()).with_name("deepspeed"))
-    else:
-        deepspeed = installed_script("deepspeed")
+    deepspeed = _runner(side)
     _build_comm_op(str(Path(deepspeed).with_name("python")), node_env["TORCH_EXTENSIONS_DIR"])
     work, out = tmp_path / "work", tmp_path / "out"
     work.mkdir()

@@ -46,7 +46,7 @@ StrictModes no
 PidFile none
 """
 SSH_CONFIG = """Host *
-  IdentityFile {dir}/client_key
+  IdentityFile {identity}
   StrictHostKeyChecking no
   UserKnownHostsFile /dev/null
   LogLevel ERROR
@@ -111,9 +111,9 @@ class Nodes:
                 _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(self.root / key)])
         shutil.copy(self.root / "client_key.pub", self.root / "authorized_keys")
         shutil.copy(self.root / "client_key", self.ssh_dir / "id_ed25519")
-        config = SSH_CONFIG.format(dir=self.ssh_dir).replace(f"{self.ssh_dir}/client_key", "~/.ssh/id_ed25519")
-        (self.ssh_dir / "config").write_text(config)
-        (self.root / "ssh_config").write_text(SSH_CONFIG.format(dir=self.root))
+        # Inside a node ~/.ssh is this directory; the test itself names the key by its path.
+        (self.ssh_dir / "config").write_text(SSH_CONFIG.format(identity="~/.ssh/id_ed25519"))
+        (self.root / "ssh_config").write_text(SSH_CONFIG.format(identity=self.root / "client_key"))
         os.chmod(self.ssh_dir, 0o700)
         for path in (self.ssh_dir / "id_ed25519", self.root / "client_key"):
             os.chmod(path, 0o600)
