@@ -100,6 +100,7 @@ class Nodes:
         self.host_address = f"10.231.{subnet}.254"
         self.names = [f"node{index}" for index in range(count)]
         self.sshd = []
+        self.cut_off = set()
 
     # The cluster's files: host and client keys, sshd's and ssh's configuration, /etc/hosts.
     def _write_files(self):
@@ -190,8 +191,17 @@ class Nodes:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
 
+    def cut(self, index):
+        """Node ``index`` stops answering without a word, as when its power or its cable goes: its interface goes
+        down, so what is sent to it is dropped, never refused; its processes run on, cut off."""
+        _run(["ip", "netns", "exec", self.netns[index], "ip", "link", "set", NODE_INTERFACE, "down"])
+        self.cut_off.add(index)
+
     def alive(self, index):
         return self.sshd[index].poll() is None
+
+    def reachable(self, index):
+        return self.alive(index) and index not in self.cut_off
 
     def processes(self, index, pattern):
         """How many processes of node ``index`` have a command line matching ``pattern`` (pgrep -f)."""

@@ -9,7 +9,9 @@ steps (default tags, ``latest``), and the rank the kill names kills itself there
 "step": s, "phase": "forward" | "backward" | "step"}`` (before that call of micro-batch 0 of global step s), or
 ``{"rank": r, "where": "save", "save": n, "file": i, "fraction": f}`` (in the n-th save, while writing the i-th file
 this rank writes there: f of its bytes written to the path the engine gave, 0 for none, 1 for all, then killed). It
-writes the time of the kill to ``--killed-at`` first. A run whose kill point never comes writes ``--finished``.
+writes the time of the kill to ``--killed-at`` first. A run whose kill point never comes writes ``--finished``. With
+``"hold": true`` the rank writes the time and waits there instead, for the test to kill its node. With
+``--resume-latest`` it loads the newest checkpoint under DIR first, as a script restarted by ``--max_restarts`` does.
 
 Otherwise the cases run under helpers/rank_cases.py: ``uninterrupted/<config>`` (``--uninterrupted DIR``) trains all
 STEPS with the same saves and reports the weights and how many files each save wrote on each rank;
@@ -73,7 +75,7 @@ class SaveCounter:
             data = whole.getvalue()
             with open(f, "wb") as out:
                 out.write(data[:int(len(data) * cut["fraction"])])
-            die(cut["killed_at"])
+            die(cut["killed_at"], cut.get("hold", False))
         if self.per_save:
             self.per_save[-1] += 1
         return self.real_save(obj, f, *args, **kwargs)
@@ -82,23 +84,30 @@ class SaveCounter:
         torch.save = self.real_save
 
 
-def die(killed_at):
+def die(killed_at, hold=False):
     Path(killed_at).write_text(repr(time.time()))
+    if hold:
+        time.sleep(3600)
     os.kill(os.getpid(), signal.SIGKILL)
 
 
 def kill_run(args):
     kill = json.loads(args.kill)
     engine = build(args.config, seed=INITIAL_SEED, reshard=True)
+    if args.resume_latest:  # as a script that a restart starts again does
+        engine.load_checkpoint(args.kill_run)
+    resumed_at = engine.global_steps
     mine = kill["rank"] == dist.get_rank()
 
     def before(step, micro, phase):
         if mine and kill["where"] == "train" and (step, micro, phase) == (kill["step"], 0, kill["phase"]):
-            die(args.killed_at)
+            die(args.killed_at, kill.get("hold", False))
 
     counter = SaveCounter(cut=dict(kill, killed_at=args.killed_at) if mine and kill["where"] == "save" else None)
     train_with_saves(engine, args.config, args.kill_run, before, counter.start)
-    Path(args.finished).write_text("the kill point never came")
+    ended = {"resumed_at": resumed_at, "world_size": dist.get_world_size(), "weights": weights(engine)}
+    if dist.get_rank() == 0:
+        Path(args.finished).write_text(json.dumps(ended))
 
 
 def uninterrupted(config, save_dir):
@@ -150,7 +159,12 @@ if __name__ == "__main__":
     parser.add_argument("--config", help="with --kill-run: the configuration")
     parser.add_argument("--kill", help="with --kill-run: where, as JSON")
     parser.add_argument("--killed-at", help="with --kill-run: the file the killed rank writes the time to")
-    parser.add_argument("--finished", help="with --kill-run: the file written when no kill came")
+    parser.add_argument("--finished",
+                        help="with --kill-run: the file rank 0 writes when no kill came (JSON: the step it resumed "
+                        "at, the world size, the weights)")
+    parser.add_argument("--resume-latest",
+                        action="store_true",
+                        help="with --kill-run: load the newest checkpoint there first, if any")
     parser.add_argument("--uninterrupted", help="the uninterrupted runs save here")
     parser.add_argument("--configs", default="", help="with --uninterrupted: comma-separated configurations")
     parser.add_argument("--resume", action="append", default=[], help="LABEL:CONFIG=DIR: resume from DIR")
