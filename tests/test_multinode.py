@@ -176,7 +176,8 @@ def test_demo_through_openmpi(nodes, node_env, tmp_path):
     if shutil.which("mpirun") is None or importlib.util.find_spec("mpi4py") is None:
         pytest.skip("needs Open MPI (Debian's openmpi-bin) and mpi4py")
     hostfile = nodes.hostfile(1, tmp_path / "hostfile")
-    mpi_args = f"--allow-run-as-root --mca btl_tcp_if_include {NODE_INTERFACE} --mca oob_tcp_if_include {NODE_INTERFACE}"
+    interface = f"--mca btl_tcp_if_include {NODE_INTERFACE} --mca oob_tcp_if_include {NODE_INTERFACE}"
+    mpi_args = f"--allow-run-as-root {interface}"
     args = [
         "--hostfile",
         str(hostfile), "--launcher", "openmpi", "--launcher_args", mpi_args,
@@ -426,10 +427,10 @@ def _uninterrupted_weights(tmp_path, extensions_dir, config):
     return torch.tensor(reference.case(f"uninterrupted/{config}")[0]["weights"], dtype=torch.float64)
 
 
-def _lose_node1(nodes, runner_args, config, loss, work, node_env, cut=False):
+def _lose_node1(nodes, runner_args, config, kill, work, node_env, cut=False):
     """Start crash_resume.py's kill run on 2 nodes x 1 rank (``runner_args`` first), kill node 1 (or, with ``cut``,
-    cut it off) once its rank waits where LOSSES[``loss``] says, and let the runner end. -> (return code, output, seconds from the loss to the runner's end, processes
-    left)."""
+    cut it off) once its rank waits where ``kill`` (a LOSSES entry) says, and let the runner end. -> (return code,
+    output, seconds from the loss to the runner's end, processes left)."""
     deepspeed = installed_script("deepspeed")
     _build_comm_op(str(Path(deepspeed).with_name("python")), node_env["TORCH_EXTENSIONS_DIR"])
     killed_at = work / "killed-at"
@@ -438,7 +439,7 @@ def _lose_node1(nodes, runner_args, config, loss, work, node_env, cut=False):
         str(nodes.hostfile(1, work / "hostfile")), *runner_args,
         str(CRASH_RESUME), "--kill-run",
         str(work / "checkpoints"), "--config", config, "--kill",
-        json.dumps(LOSSES[loss][0]), "--killed-at",
+        json.dumps(kill), "--killed-at",
         str(killed_at), "--finished",
         str(work / "finished"), "--resume-latest"
     ]
@@ -476,7 +477,7 @@ def test_lost_node_then_resume_on_the_survivor(tmp_path, node_env, extensions_di
     work.mkdir()
     resumed.mkdir()
     with Nodes(2, tmp_path / "nodes") as nodes:
-        returncode, output, ended, left = _lose_node1(nodes, [], config, loss, work, node_env)
+        returncode, output, ended, left = _lose_node1(nodes, [], config, LOSSES[loss][0], work, node_env)
         args = [
             "--hostfile",
             str(work / "hostfile"), "--include", "node0",
@@ -536,3 +537,68 @@ def test_lost_node_then_the_runner_restarts_on_the_survivor(tmp_path, node_env, 
     assert (ended["resumed_at"], ended["world_size"]) == (4, 1), ended
     assert not any(left.values()), left
     assert error <= tolerance, f"final weights {error:.3g} from the uninterrupted run's (tolerance {tolerance})"
+
+
+LOST_NODE_TRIALS = 8
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_runs(tmp_path_factory, extensions_dir):
+    """config -> (its uninterrupted run's final weights, the files each of its saves wrote on rank 1), run once."""
+    runs = {}
+
+    def run(config):
+        if config not in runs:
+            reference = launch_cases(
+                CRASH_RESUME,
+                2,
+                timeout=900,
+                extensions_dir=extensions_dir,
+                extra_args=["--uninterrupted",
+                            str(tmp_path_factory.mktemp(config)), "--configs", config])
+            ranks = reference.case(f"uninterrupted/{config}")
+            runs[config] = (torch.tensor(ranks[0]["weights"], dtype=torch.float64), ranks[1]["files_per_save"])
+        return runs[config]
+
+    return run
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(LOST_NODE_TRIALS))
+def test_lost_node_trial(seed, uninterrupted_runs, tmp_path, node_env):
+    """Seeded trials, drawn as tests/test_crash_resume.py draws its kill trials (a configuration; a step and phase of
+    training, or a file of a save and how much of it was written), node 1 lost there, killed or cut off the
+    network. ``--max_restarts 1`` restarts the job on node 0, which resumes at the last save both ranks finished and
+    ends with the uninterrupted run's weights, within the configuration's tolerance for another split."""
+    from test_crash_resume import config_of, draw, resumable_at, where
+    require_nodes()
+    config = config_of(seed)
+    expected, files_per_save = uninterrupted_runs(config)
+    trial = draw(seed, [files_per_save, files_per_save])
+    trial["kill"].update(rank=1, hold=True)
+    cut = seed % 2 == 1
+    work = tmp_path / "work"
+    work.mkdir()
+    with Nodes(2, tmp_path / "nodes") as nodes:
+        returncode, output, seconds, left = _lose_node1(nodes, ["--max_restarts", "1"],
+                                                        config,
+                                                        trial["kill"],
+                                                        work,
+                                                        node_env,
+                                                        cut=cut)
+    name = f"trial {seed} ({config}; node 1 {'cut off' if cut else 'killed'}: {where(trial)})"
+    assert returncode == 0, f"{name}:\n{output[-4000:]}"
+    ended = json.loads((work / "finished").read_text())
+    error, tolerance = _final_error(expected, ended["weights"], config)
+    _record(
+        f"lost-node-trial/{seed}", {
+            "where": name,
+            "seconds_to_the_end": round(seconds, 1),
+            "left": sum(left.values()),
+            "resumed_at": ended["resumed_at"],
+            "expected_resume_at": sorted(resumable_at(trial)),
+            "final_weights_relative_error": error
+        })
+    assert ended["world_size"] == 1 and ended["resumed_at"] in resumable_at(trial), (name, ended["resumed_at"])
+    assert not any(left.values()), (name, left)
+    assert error <= tolerance, f"{name}: final weights {error:.3g} from the uninterrupted run's, over {tolerance}"

@@ -78,15 +78,26 @@ def _failure_trials(results):
     stopped = [trial["seconds"] for trial in fork if trial["returncode"] not in (None, 0)]
     if not fork or len(stopped) < len(fork):
         return "; a failure trial of the fork did not stop"
-    text = (f"; {len(fork)} kinds of failure (a rank before the rendezvous or in training, a lost node, the runner "
-            f"stopped): every process of the job gone {min(stopped)}-{max(stopped)} s after, "
+    text = (f"; {len(fork)} kinds of failure (a rank before the rendezvous or in training, a node killed or cut off, "
+            f"the runner stopped or killed): every process of the job gone {min(stopped)}-{max(stopped)} s after, "
             f"{sum(trial['left'] for trial in fork)} left")
     pristine = list(trials.get("pristine", {}).values())
     if pristine:
         hung = sum(trial["returncode"] is None for trial in pristine)
         leaving = sum(trial["left"] > 0 for trial in pristine)
-        text += f" (0.19.8: {hung} of {len(pristine)} not stopped in 60 s, {leaving} left processes)"
+        text += f" (0.19.8: {hung} of {len(pristine)} not stopped within the bound, {leaving} left processes)"
     return text
+
+
+def _lost_nodes(results):
+    """The lost-node resumes (by hand, by --max_restarts, seeded trials): how many, and the worst final weights."""
+    runs = [outcome for key, outcome in results.items() if key.startswith("lost-node")]
+    if not runs:
+        return ""
+    resumed = [run for run in runs if run["left"] == 0 and "final_weights_relative_error" in run]
+    worst = max(run["final_weights_relative_error"] for run in resumed)
+    return (f"; a node lost in training or in a save, {len(runs)} runs: {len(resumed)} resumed on the survivor from "
+            f"the last complete save, final weights within {worst:.1e} of the uninterrupted run")
 
 
 def multi_node():
@@ -102,9 +113,9 @@ def multi_node():
                                 for outcome, names in sorted(values[side].items())) for side in ("fork", "pristine")
                       if side in values)
     counted = sum(map(len, values.get("fork", {}).values()))
-    return (f"2 nodes through the real runner, pdsh and ssh: the demo agrees with fp64 at {', '.join(agree)}"
+    return (f"Nodes through the real runner, pdsh and ssh: the demo agrees with fp64 at {', '.join(agree)}"
             f"{'; disagrees at ' + ', '.join(disagree) if disagree else ''}; {counted} hostile and ordinary values, "
-            f"one at a time, {sides}{_failure_trials(results)}")
+            f"one at a time, {sides}{_failure_trials(results)}{_lost_nodes(results)}")
 
 
 RESHARD_RECORD = "reshard/results.json"
