@@ -518,7 +518,7 @@ def test_lost_node_then_the_runner_restarts_on_the_survivor(tmp_path, node_env, 
     with Nodes(2, tmp_path / "nodes") as nodes:
         returncode, output, seconds, left = _lose_node1(nodes, ["--max_restarts", "1"],
                                                         config,
-                                                        "in-training",
+                                                        LOSSES["in-training"][0],
                                                         work,
                                                         node_env,
                                                         cut=how == "cut")
