@@ -102,8 +102,9 @@ def _keys_read(sections=()):
     for section in sections:
         dict.__setitem__(config, section, _RecordingDict(section + ".", seen))
     with parsing_as_rank_0_of(2):
-        DeepSpeedConfig(config)
-    return seen
+        parsed = DeepSpeedConfig(config)
+    # The parser looks the top-level keys up in a copy of its own, which records them (the unknown-keys warning).
+    return seen | set(getattr(parsed, "_keys_looked_up", ()))
 
 
 def _import(dotted):
