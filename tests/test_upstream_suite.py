@@ -22,7 +22,7 @@ import pytest
 from helpers.repo import REPO
 
 from upstream_suite import baseline
-from upstream_suite.classify import BOTH_FAIL, BOTH_PASS, BOTH_SKIP, FIXED, ONLY_FORK, REGRESSION
+from upstream_suite.classify import BOTH_FAIL, BOTH_PASS, BOTH_SKIP, EXPLAINED, FIXED, ONLY_FORK, REGRESSION
 from upstream_suite.classify import category_of, compare
 from upstream_suite.execute import Side, Unit, run_unit
 from upstream_suite.outcomes import OutcomeMismatch, SideOutcomes
@@ -59,6 +59,30 @@ def test_compare_names_the_reason():
         ("a", REGRESSION, "AssertionError: 2 != 3"),
         ("b", BOTH_PASS, ""),
     ]
+
+
+def test_an_explained_pair_of_outcomes_is_not_a_regression_and_no_other_pair_is():
+    """patches/facts.toml's [[explained]]: that test's exact fork and pristine outcomes are reported apart, with why;
+    the same test with any other outcome on the fork is a regression again."""
+    explained = {"a": ("skipped", "passed", "pristine passed having checked nothing")}
+    pristine = {"a": {"outcome": "passed", "reason": ""}, "b": {"outcome": "passed", "reason": ""}}
+    skipped = {"outcome": "skipped", "reason": "Skipped: no CUDA device available"}
+    rows = compare({"a": skipped, "b": skipped}, pristine, explained)
+    assert [(row.test_id, row.category, row.reason) for row in rows] == [
+        ("a", EXPLAINED, "pristine passed having checked nothing"),
+        ("b", REGRESSION, "Skipped: no CUDA device available"),
+    ]
+    failed = {"outcome": "failed", "reason": "AssertionError"}
+    assert compare({"a": failed}, pristine, explained)[0].category == REGRESSION
+
+
+def test_the_explained_differences_name_their_patch_and_a_test_of_the_tier():
+    from patch_facts import load
+    facts = load()
+    tiered = {test.path for test in facts.upstream_tests}
+    for entry in facts.explained:
+        assert entry.patches and entry.why and entry.fork != entry.pristine
+        assert entry.test.split("::")[0] in tiered, f"{entry.test}: no [[upstream_tests]] entry runs its file"
 
 
 def test_a_file_pristine_cannot_collect_is_not_missing_on_the_fork():

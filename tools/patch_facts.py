@@ -37,10 +37,26 @@ class UpstreamTest:
 
 
 @dataclass(frozen=True)
+class Explained:
+    """An upstream test whose outcome a patch changes for the better though the comparison reads a regression: the
+    exact pair of outcomes and why. Any other pair of outcomes of that test is compared as usual."""
+    test: str
+    fork: str
+    pristine: str
+    patches: tuple  # current numbers
+    why: str  # rendered: {name} -> number
+
+
+@dataclass(frozen=True)
 class Facts:
     numbers: dict  # name -> current number ("0007")
     patches: dict  # number -> {"upstream": ..., "overlay": [...], "uncovered": ...}
     upstream_tests: tuple
+    explained: tuple = ()
+
+    def explained_outcomes(self):
+        """``{test id: (fork outcome, pristine outcome, why)}``, for the comparison."""
+        return {entry.test: (entry.fork, entry.pristine, entry.why) for entry in self.explained}
 
     def not_for_upstream(self):
         return {number for number, facts in self.patches.items() if facts["upstream"] == NOT_FOR_UPSTREAM}
@@ -81,6 +97,13 @@ def problems(raw, names):
             found.append(f"{where}: names no patch")
         found += [f"{where}: patch {name} is not in series" for name in test.get("patches", []) if name not in names]
         texts.append(test.get("what", ""))
+    for index, entry in enumerate(raw.get("explained", []), 1):
+        where = f"{FACTS_FILE}: explained #{index} ({entry.get('test', '?')})"
+        missing = [key for key in ("test", "fork", "pristine", "patches", "why") if not entry.get(key)]
+        if missing:
+            found.append(f"{where}: no {', '.join(missing)}")
+        found += [f"{where}: patch {name} is not in series" for name in entry.get("patches", []) if name not in names]
+        texts.append(entry.get("why", ""))
     for text in texts:
         found += [
             f"{FACTS_FILE}: {{{name}}} in {text[:60]!r}... names no patch" for name in _NAMED.findall(text)
@@ -113,4 +136,8 @@ def load(repo=REPO):
         UpstreamTest(test["unit"], test.get("keyword", ""), test["tier"],
                      tuple(numbers[name] for name in test["patches"]), render(test.get("what", ""), numbers))
         for test in raw.get("upstream_tests", []))
-    return Facts(numbers, patches, tests)
+    explained = tuple(
+        Explained(entry["test"], entry["fork"], entry["pristine"], tuple(
+            numbers[name] for name in entry["patches"]), render(entry["why"], numbers))
+        for entry in raw.get("explained", []))
+    return Facts(numbers, patches, tests, explained)

@@ -23,7 +23,10 @@ BOTH_FAIL = "both fail"
 BOTH_SKIP = "both skip"
 BOTH_PASS = "both pass"
 ONLY_FORK = "only on the fork"  # pristine has no outcome: e.g. a test of a unit pristine was not asked to run
-CATEGORIES = (REGRESSION, FIXED, BOTH_FAIL, BOTH_SKIP, BOTH_PASS, ONLY_FORK)
+# A regression by the rules above whose exact pair of outcomes patches/facts.toml explains ([[explained]]): a patch
+# changed the outcome for the better (e.g. pristine passed only because of the noise the patch removed).
+EXPLAINED = "explained"
+CATEGORIES = (REGRESSION, EXPLAINED, FIXED, BOTH_FAIL, BOTH_SKIP, BOTH_PASS, ONLY_FORK)
 
 
 @dataclass(frozen=True)
@@ -72,8 +75,10 @@ def category_of(fork, pristine):
     return BOTH_FAIL  # fork skips where pristine fails: neither passes
 
 
-def compare(fork_tests, pristine_tests):
-    """Rows for every test id either side has, sorted by id. ``*_tests`` map id -> {outcome, reason}."""
+def compare(fork_tests, pristine_tests, explained=None):
+    """Rows for every test id either side has, sorted by id. ``*_tests`` map id -> {outcome, reason}; ``explained``:
+    {test id: (fork outcome, pristine outcome, why)}, regressions with exactly that pair of outcomes."""
+    explained = explained or {}
     rows = []
     for test_id in sorted(set(fork_tests) | set(pristine_tests)):
         ours, theirs = fork_tests.get(test_id), pristine_tests.get(test_id)
@@ -94,6 +99,8 @@ def compare(fork_tests, pristine_tests):
             reason = ours["reason"]
         else:
             reason = theirs["reason"] or ours["reason"]
+        if category == REGRESSION and explained.get(test_id, ())[:2] == (fork, pristine):
+            category, reason = EXPLAINED, explained[test_id][2]
         differs = category == BOTH_FAIL and ours is not None and not same_failure(ours, theirs)
         fork_reason = f"{ours['outcome']}: {ours['reason']}" if differs else ""
         rows.append(Row(test_id, category, fork or "", pristine or "", reason, fork_reason))

@@ -346,7 +346,8 @@ def run_in(args, work_dir):
     else:
         pristine_tests = of_units(results["pristine"])
         source = "run side by side"
-    rows = compare(fork_tests, pristine_tests)
+    from patch_facts import load as load_facts
+    rows = compare(fork_tests, pristine_tests, load_facts().explained_outcomes())
     title = f"Upstream tests, {'files' if args.files else args.tier + ' tier'}: fork vs pristine"
     if len(unit_keys) < len(units):
         title += f" ({len(unit_keys)} of {len(units)} test files so far)"

@@ -6,7 +6,8 @@
 import json
 from collections import Counter, defaultdict
 
-from upstream_suite.classify import BOTH_FAIL, BOTH_PASS, BOTH_SKIP, CATEGORIES, FIXED, ONLY_FORK, REGRESSION
+from upstream_suite.classify import (BOTH_FAIL, BOTH_PASS, BOTH_SKIP, CATEGORIES, EXPLAINED, FIXED, ONLY_FORK,
+                                     REGRESSION)
 from upstream_suite.classify import category_counts, side_counts
 from toolkit import tables
 
@@ -47,7 +48,8 @@ def as_markdown(title, identity, rows, fork_tests, pristine_tests, pristine_sour
     for name in sorted(per_file):
         lines.append(f"| {name} | " + " | ".join(str(per_file[name][category]) for category in CATEGORIES) + " |")
 
-    for category, heading in ((REGRESSION, "Regressions"), (FIXED, "Fixed by the fork"), (BOTH_FAIL, "Both fail"),
+    for category, heading in ((REGRESSION, "Regressions"), (EXPLAINED, "Explained (patches/facts.toml)"),
+                              (FIXED, "Fixed by the fork"), (BOTH_FAIL, "Both fail"),
                               (ONLY_FORK, "Only on the fork (no pristine outcome)")):
         chosen = [row for row in rows if row.category == category]
         if not chosen:
