@@ -33,6 +33,8 @@ def test_expected_on_top_and_every_tolerance_labelled(tmp_path, monkeypatch):
     def keep(fig, path, **kwargs):
         loss_ax, _, error_ax = fig.axes
         drawn["texts"] = [t.get_text() for t in error_ax.texts]
+        drawn["alignment"] = {t.get_horizontalalignment() for t in error_ax.texts}
+        drawn["top"] = error_ax.get_ylim()[1]
         drawn["lines"] = [(line.get_color(), line.get_linestyle(), line.get_zorder(), line.get_markersize())
                           for line in loss_ax.get_lines() if len(line.get_xdata())]  # not the legend's entry
         drawn["legend"] = [t.get_text() for t in loss_ax.get_legend().get_texts()]
@@ -42,7 +44,9 @@ def test_expected_on_top_and_every_tolerance_labelled(tmp_path, monkeypatch):
                [result("4x4x2", 0, 1e-5),
                 result("8x2x2", 0, 1e-5),
                 result("2x8x2", 0.05, 1e-3, passed=False)], "title")
-    assert drawn["texts"] == [" tolerance 1e-05: 4x4x2, 8x2x2", " tolerance 1e-03: 2x8x2"]
+    assert drawn["texts"] == ["tolerance 1e-05: 4x4x2, 8x2x2 ", "tolerance 1e-03: 2x8x2 "]
+    # Right-aligned, clear of the tick labels on the left, and inside the axis above the highest line.
+    assert drawn["alignment"] == {"right"} and drawn["top"] >= 3 * 1e-3
     expected = [line for line in drawn["lines"] if line[0] == "black"]
     observed = [line for line in drawn["lines"] if line[0] != "black"]
     assert expected and all(line[2] > max(o[2] for o in observed) for line in expected)

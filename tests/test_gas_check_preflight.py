@@ -15,12 +15,14 @@ pytestmark = pytest.mark.fork_only
 MICRO_4 = {"train_micro_batch_size_per_gpu": 4}
 # config, ranks, the line printed (stderr on a refusal, stdout otherwise), exit status
 CASES = {
-    "gas_0": (dict(MICRO_4, gradient_accumulation_steps=0), 2, "Train batch size: 0 has to be greater than 0", 2),
-    "gas_negative": (dict(MICRO_4,
-                          gradient_accumulation_steps=-2), 2, "Train batch size: -16 has to be greater than 0", 2),
-    "batch_mismatch": (dict(MICRO_4, train_batch_size=30, gradient_accumulation_steps=4), 2,
-                       "train_batch_size is not equal to micro_batch_per_gpu * gradient_acc_step * world_size 30 != "
-                       "4 * 4 * 2", 2),
+    "gas_0": (dict(MICRO_4, gradient_accumulation_steps=0), 2,
+              "gradient_accumulation_steps: 0: a batch size or step count is a whole number of at least 1", 2),
+    "gas_negative": (dict(MICRO_4, gradient_accumulation_steps=-2), 2,
+                     "gradient_accumulation_steps: -2: a batch size or step count is a whole number of at least 1", 2),
+    "batch_mismatch":
+    (dict(MICRO_4, train_batch_size=30, gradient_accumulation_steps=4), 2,
+     "train_batch_size 30 is not train_micro_batch_size_per_gpu 4 x gradient_accumulation_steps 4 x 2 "
+     "data-parallel rank(s) = 32; would work: \"train_batch_size\": 32", 2),
     "misspelled_section": ({
         "zero_optimisation": {
             "stage": 2
@@ -35,12 +37,12 @@ CASES = {
         "zero_optimization": {
             "stage": "two"
         }
-    }, 1, "the engine refuses this config: 1 validation error for DeepSpeedZeroConfig stage", 2),
+    }, 1, "the engine refuses this config: zero_optimization.stage: \"two\": should be 0, 1, 2 or 3", 2),
     "out_of_range": ({
         "zero_optimization": {
             "stage": 7
         }
-    }, 1, "input_value=7", 2),
+    }, 1, "zero_optimization.stage: 7: should be 0, 1, 2 or 3", 2),
     # Refused whatever the batch keys: the error does not blame them.
     "bf16_master_on_zero0": ({
         "train_batch_size": 32,
@@ -83,8 +85,8 @@ CASES = {
                 "betas": [0.9, 0.95]
             }
         }
-    }, 2, "ZeRO 2, bf16, optimizer AdamW, reduce_scatter off, gradient_clipping 0.0, loss_normalization mean: the "
-                 "engine accepts it", 0),
+    }, 2, "ZeRO 2, bf16, optimizer AdamW, reduce_scatter off, gradient_clipping 1.0 (the default), "
+                 "loss_normalization mean: the engine accepts it", 0),
 }
 
 

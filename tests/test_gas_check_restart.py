@@ -89,8 +89,20 @@ def test_control_a_resume_without_optimizer_states_fails(tmp_path, extensions_di
     assert (tmp_path / "ckpt" / "latest").read_text() == "global_step2", "--checkpoint-dir is kept"
 
 
+def test_another_number_of_ranks_without_reshard_on_load_is_refused_before_training(tmp_path, extensions_dir):
+    proc = ds_gas_check(
+        ["--config", write_config(tmp_path, **ADAMW_WARMUP_CLIP), "--ranks", "2", "--restart", "1"], extensions_dir,
+        tmp_path)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "ds_gas_check: error: --restart 1: a checkpoint saved on 2 rank(s) resumed on 1: ZeRO stage 2" in proc.stderr
+    assert '"checkpoint": {"reshard_on_load": true}' in proc.stderr
+    assert "split" not in proc.stdout, "nothing trained"
+
+
 @pytest.mark.slow
-def test_another_number_of_ranks_without_reshard_on_load_is_the_engine_refusing(tmp_path, extensions_dir):
+def test_another_number_of_ranks_without_reshard_on_load_is_the_engine_refusing(tmp_path, extensions_dir, monkeypatch):
+    """Past the pre-flight (as a launch under --restart is), the engine's own refusal is the check's finding."""
+    monkeypatch.setenv("DS_GAS_CHECK_PREFLIGHT_DONE", "1")
     proc, found = restart_check(tmp_path, extensions_dir, ADAMW_WARMUP_CLIP,
                                 ["--ranks", "2", "--restart", "1", "--steps", "2"], 1)
     assert "ds_gas_check --restart: FAIL: the engine could not resume from" in proc.stderr

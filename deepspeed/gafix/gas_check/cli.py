@@ -218,11 +218,13 @@ def parse_splits(text):
 def load_config(path, optimizer):
     try:
         with open(path) as f:
-            config = json.load(f)
+            text = f.read()
+        config = json.loads(text)
     except OSError as err:
         raise ValueError(f"--config {path}: {err.strerror}") from None
     except json.JSONDecodeError as err:
-        raise ValueError(f"--config {path}: not valid JSON: {err}") from None
+        from .config_rules import json_error
+        raise ValueError(json_error(path, text, err)) from None
     if not isinstance(config, dict):
         raise ValueError(f"--config {path}: expected a JSON object")
     notes = []
@@ -373,10 +375,45 @@ def sequence_parallel(args):
     return sequence
 
 
+def number_refusal(args):
+    """The first numeric option out of its range, in one line naming it; None when every one is in range."""
+    stages, sequence = args.pipeline_stages, args.sequence_parallel
+    for option, value, least in (("--ranks", args.ranks, 1), ("--steps", args.steps, 1),
+                                 ("--pipeline-stages", stages, 0), ("--sequence-parallel", sequence, 0)):
+        if value < least:
+            return f"{option} {value}: at least {least}" + (" (0: none)" if least == 0 else "")
+    return None
+
+
+def stages_refusal(args):
+    """--pipeline-stages that do not divide the ranks, in one line; None when they do."""
+    stages = args.pipeline_stages
+    world = int(os.environ["WORLD_SIZE"]) if under_launcher() else args.ranks
+    ranks = f"{world} rank(s)" + ("" if under_launcher() else f" (--ranks {world})")
+    if stages and world % stages:
+        return (f"--pipeline-stages {stages}: each stage runs on its own ranks, so the stages must divide the "
+                f"{ranks}: e.g. --ranks {stages}")
+    return None
+
+
+def ranks_in_words(world, args, sequence):
+    """"2 rank(s)", and how they divide where not every rank holds other samples: a split's "x ranks" counts every
+    rank, and only the data-parallel ones add samples to the global batch."""
+    stages, sp = args.pipeline_stages or 1, sequence.size if sequence else 1
+    if stages == 1 and sp == 1:
+        return f"{world} rank(s)"
+    parts = [f"{world // stages // sp} data-parallel"]
+    parts += [f"{stages} pipeline stages"] * (stages > 1) + [f"{sp} sequence-parallel"] * (sp > 1)
+    return f"{world} rank(s) = {' x '.join(parts)}"
+
+
 def main(argv=None):
     args = parse_args(argv)
     restarting = args.restart is not None and args.restart_phase is None
     try:
+        refusal = number_refusal(args)
+        if refusal:
+            raise ValueError(refusal)
         splits = parse_splits(args.splits) if args.splits else None
         config, notes = load_config(args.config, args.optimizer)
         make_model, data, loss_fn = workload_factories(args)
@@ -392,11 +429,20 @@ def main(argv=None):
                                  "ds_gas_check --ranks N --restart R, not under the deepspeed launcher")
             restart_plan = plan_restart(args, splits, parse_splits)
             same_objective(restart_plan, per_item_mode(config), data is None and args.items == "fixed")
+        refusal = stages_refusal(args)
+        if refusal:
+            raise ValueError(refusal)
     except ValueError as err:
         print(f"ds_gas_check: error: {err}", file=sys.stderr)
         return 2
     # Before any rank starts (once: the launched ranks skip it), what the engine would refuse is refused here.
     if os.environ.get(PREFLIGHT_DONE) != "1":
+        if restarting:
+            from .restart import reshard_refusal
+            refusal = reshard_refusal(restart_plan, config, f"--restart {args.restart}")
+            if refusal:
+                print(f"ds_gas_check: error: {refusal}", file=sys.stderr)
+                return 2
         world = int(os.environ["WORLD_SIZE"]) if under_launcher() else args.ranks
         checks = ([([restart_plan.before], world),
                    ([restart_plan.after], restart_plan.ranks_after)] if restarting else [(splits or None, world)])
@@ -454,7 +500,8 @@ def main(argv=None):
             zero = config.get("zero_optimization", {}).get("stage", 0)
             what = (f"model {args.hf_model or args.model}, " if args.hf_model or args.model else "")
             title = (
-                f"ds_gas_check: deepspeed {deepspeed.__version__}, {dist.get_world_size()} rank(s), {args.config}: "
+                f"ds_gas_check: deepspeed {deepspeed.__version__}, {ranks_in_words(dist.get_world_size(), args, sequence)}, "
+                f"{args.config}: "
                 f"{what}ZeRO {zero}, {config_dtype(config)}, optimizer {config['optimizer'].get('type')}, "
                 f"{'pipeline %d stages, ' % args.pipeline_stages if args.pipeline_stages else ''}"
                 f"{sequence.title() + ', ' if sequence else ''}"

@@ -61,11 +61,22 @@ def plot_check(path, results, title):
                      va="center",
                      color="red")
     # One line per tolerance, each labelled with its value and the splits it judges.
-    for tol in sorted({r.tolerance for r in results}):
+    # Right-aligned, clear of the axis' tick labels on the left; the axis reaches a little above the highest line, so
+    # that its label sits inside the plot.
+    tolerances = sorted({r.tolerance for r in results})
+    for tol in tolerances:
         judged = ", ".join(r.name for r in results if r.tolerance == tol)
         error_ax.axhline(tol, color="red", linewidth=1, linestyle="--")
-        error_ax.text(steps[0], tol, f" tolerance {tol:.0e}: {judged}", color="red", va="bottom", fontsize=8)
+        error_ax.text(steps[-1],
+                      tol,
+                      f"tolerance {tol:.0e}: {judged} ",
+                      color="red",
+                      va="bottom",
+                      ha="right",
+                      fontsize=8)
     error_ax.set_yscale("log")
+    low, high = error_ax.get_ylim()
+    error_ax.set_ylim(low, max(high, 3 * tolerances[-1]))
     loss_ax.set_title("loss (mean over micro-batches); black dashed: expected")
     norm_ax.set_title("global grad norm (reported); black dashed: expected")
     error_ax.set_title(f"update error vs {label}")

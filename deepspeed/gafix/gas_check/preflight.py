@@ -14,7 +14,8 @@ import difflib
 import functools
 from dataclasses import dataclass, field
 
-BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+from .config_rules import BATCH_KEYS
+
 # Sections whose keys are free (an optimizer's or scheduler's own arguments): not checked below them.
 FREE = ("optimizer.params", "scheduler.params")
 SIMILAR = 0.75  # difflib's ratio from which an unknown key is taken for a misspelling of a known one
@@ -85,17 +86,22 @@ def coverage(config, rows=None):
     return [(row["status"], held[id(row)], row.get("note", "")) for row in rows if id(row) in held]
 
 
-def engine_refusal(config, world):
+def engine_refusal(config, world, unknown=()):
     """The engine's reason for refusing ``config`` on ``world`` data-parallel ranks, in one line; None if it
     parses. What ``DeepSpeedConfig`` checks, the config models included; not what the engine finds later (the
-    optimizer's construction, the model)."""
-    from deepspeed.gafix.config_surface import parsing_as_rank_0_of
+    optimizer's construction, the model). A config model's refusal is told by the user's dotted key, leaving out
+    the keys in ``unknown`` (already named)."""
+    from deepspeed.gafix.config_surface import SECTION_MODELS, parsing_as_rank_0_of
     from deepspeed.runtime.config import DeepSpeedConfig
+    from .config_rules import pydantic_refusals
     try:
         with parsing_as_rank_0_of(world):
-            DeepSpeedConfig(copy.deepcopy(config))
+            DeepSpeedConfig(copy.deepcopy(dict(config, unknown_keys="ignore")))  # the pre-flight names them itself
     except Exception as err:  # the engine's own refusal, whatever its type (assert, ValueError, pydantic's)
-        return one_line(err)
+        lines = pydantic_refusals(err, SECTION_MODELS, set(unknown))
+        if lines is None:
+            return one_line(err)
+        return "; ".join(lines) or None
     return None
 
 
@@ -118,7 +124,11 @@ def engine_paths(config):
             parts.append(f"{what} to {device}")
     if zero.get("stage", 0) in (2, 3) and zero.get("reduce_scatter") is False:
         parts.append("reduce_scatter off")
-    parts.append(f"gradient_clipping {config.get('gradient_clipping', 0.0)}")
+    # Unset, the engine clips at its default (1.0 since 0.19.3), as the check's run does: say that, not 0.
+    from deepspeed.runtime.constants import GRADIENT_CLIPPING_DEFAULT
+    clip = config.get("gradient_clipping")
+    parts.append(f"gradient_clipping {GRADIENT_CLIPPING_DEFAULT} (the default)" if clip is
+                 None else f"gradient_clipping {clip}")
     parts.append(f"loss_normalization {config.get('loss_normalization', 'mean')}")
     return ", ".join(parts)
 
@@ -136,10 +146,14 @@ def preflight(config, splits, world, pipeline_stages=0, known=None):
     from .training import split_config
     result = Preflight()
     known = known_keys() if known is None else set(known)
-    for key, near in unknown_keys(config, known):
+    unknown = unknown_keys(config, known)
+    for key, near in unknown:
         if near:
             result.errors.append(f"{key}: unknown; did you mean {near}? (DeepSpeed ignores a key it does not know, "
                                  "so the check would test another config)")
+        elif config.get("unknown_keys") == "error":
+            result.errors.append(f"{key}: not a key DeepSpeed reads (the config's \"unknown_keys\": \"error\" "
+                                 "refuses it)")
         else:
             result.notes.append(f"{key}: not a key DeepSpeed reads; ignored")
     autos = auto_values(config)
@@ -156,12 +170,21 @@ def preflight(config, splits, world, pipeline_stages=0, known=None):
             result.errors.append(f"compile.deepcompile: DeepCompile runs on CUDA devices only (this accelerator: "
                                  f"{device}); check this config on a GPU")
     dp_world = world // (pipeline_stages or 1)
+    from deepspeed.accelerator import get_accelerator
+    from .config_rules import refusals
+    sections = sorted({key.split(".", 1)[0] for key in known if "." in key})
+    own_rules = refusals(config, dp_world, sections, get_accelerator().device_name())
+    if own_rules:
+        # Each names the user's key and what would work; the engine's refusal of the same would not.
+        result.errors += own_rules
+        return result
     micro, gas = splits[0]
-    refusal = engine_refusal(split_config(config, micro, gas), dp_world)
+    named = [key for key, _ in unknown]
+    refusal = engine_refusal(split_config(config, micro, gas), dp_world, named)
     given = [key for key in BATCH_KEYS if key in config]
     if given:
         # The batch keys are to blame only when the config with a split's in their place is accepted.
-        own = engine_refusal(config, dp_world)
+        own = engine_refusal(config, dp_world, named)
         if own and own != refusal:
             result.errors.append(f"the engine refuses this config's batch keys on {dp_world} data-parallel rank(s): "
                                  f"{own}")

@@ -99,6 +99,21 @@ def same_objective(plan, per_item, uniform_items):
                          "\"loss_normalization\": \"per_item\"")
 
 
+def reshard_refusal(plan, config, restart_option):
+    """Why ``config`` cannot resume on ``plan``'s ranks after (one line), or None: ZeRO's optimizer states are
+    partitioned by the number of ranks, and the engine refuses them on another number unless it reshards them on
+    load. Told in the pre-flight, before the first launch trains."""
+    zero = config.get("zero_optimization") or {}
+    checkpoint = config.get("checkpoint") or {}
+    if (plan.ranks_before == plan.ranks_after or zero.get("stage", 0) < 1 or checkpoint.get("reshard_on_load")
+            or checkpoint.get("load_universal") or (zero.get("offload_optimizer") or {}).get("device") == "nvme"):
+        return None
+    return (f"{restart_option}: a checkpoint saved on {plan.ranks_before} rank(s) resumed on {plan.ranks_after}: "
+            f"ZeRO stage {zero['stage']} partitions its optimizer states by the number of ranks, so the engine loads "
+            "them on another number only with \"checkpoint\": {\"reshard_on_load\": true} in the config; add it, "
+            f"or resume on {plan.ranks_before} rank(s)")
+
+
 def run_both(args, argv, plan, launch):
     """Launch the saving run, then (when it did not fail) the resuming one; the worst of their exit statuses.
     ``launch(argv, ranks)`` runs one launch of ds_gas_check and returns its exit status."""

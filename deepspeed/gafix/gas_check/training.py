@@ -36,6 +36,8 @@ def split_config(config, micro, gas):
     config.pop("train_batch_size", None)
     config["train_micro_batch_size_per_gpu"] = micro
     config["gradient_accumulation_steps"] = gas
+    # The pre-flight named the config's unknown keys once; the engine would again for every split.
+    config["unknown_keys"] = "ignore"
     return config
 
 
