@@ -81,8 +81,10 @@ def run_all(python=sys.executable, env=None):
 def message(lines, says):
     """The lines a user reads for the answer: those holding what it must say, else the last; a logger's time and
     place left out."""
-    held = [line for line in lines if any(text in line for text in says)] or lines[-1:]
-    return [LOG_PREFIX.sub("", line) for line in held]
+    lines = [LOG_PREFIX.sub("", line) for line in lines]
+    # A traceback's frames name files by where the package is installed: not what the user reads for the answer.
+    told = [line for line in lines if not line.lstrip().startswith('File "')]
+    return [line for line in told if any(text in line for text in says)] or told[-1:]
 
 
 def problems(mistake, status, lines):
