@@ -52,6 +52,7 @@ def upstream_full():
             cats[entry["category"]] += 1
     return (f"{sides['fork']['run']} tests per side, fork {who['fork_version']} vs pristine {who['pristine_version']} "
             f"(torch {who['torch']}): {cats['regression']} regressions, {cats['fixed']} fixed, "
+            f"{cats.get('explained', 0)} explained, "
             f"{cats['both pass']} both pass, {cats['both fail']} both fail, {cats['both skip']} both skip")
 
 
@@ -186,11 +187,11 @@ def optimizers():
 
 # The dated records the index reads: each page beside the results file of the same stem.
 GPU_RECORD = "gpu_check/2026-11-27"
-# The newest complete run of upstream's full tier (the 0.19.8+gafix.5 candidate).
-UPSTREAM_FULL_RECORD = "upstream_suite/full-gafix.5"
-# Its files run again on both sides on one machine, whose verdicts replace the record's: the fork's NVMe cases ran
-# where libaio was installed, pristine's replayed baseline where it was not (docs/evidence/upstream_suite.md).
-UPSTREAM_FULL_RERUNS = ("upstream_suite/nvme-with-libaio", )
+# The newest complete run of upstream's full tier.
+UPSTREAM_FULL_RECORD = "upstream_suite/full"
+# Its files run again on both sides on one machine, whose verdicts replace the record's (where the record's two
+# sides ran on machines that differ in what matters to those files, such as a system library on one only).
+UPSTREAM_FULL_RERUNS = ()
 CUDA_BUILD_RECORD = "cuda_build/2026-11-25"
 
 

@@ -82,11 +82,13 @@ def units(tier, tests_dir):
 
 
 def patch_table():
-    """Markdown: each patch -> the upstream test files that cover it (docs/develop/upstream_suite.md)."""
+    """Markdown: each patch, by name in series order -> the upstream test files that cover it
+    (docs/evidence/upstream_coverage.md, written by tools/upstream_coverage.py)."""
     by_patch = {}
     for covered in PATCH_TIER + FULL_TIER_COVERAGE:
         for patch in covered.patches:
             by_patch.setdefault(patch, []).append(covered)
+    names = {number: name for name, number in _FACTS.numbers.items()}
     lines = [
         *tables.header(["patch", "upstream tests that run its code (CI's patch tier; *full tier only* where marked)"])
     ]
@@ -96,5 +98,5 @@ def patch_table():
                  for covered in by_patch.get(patch, [])]
         if patch in UNCOVERED:
             cells.append(f"**none reaches the changed lines on a CPU**: {UNCOVERED[patch]}")
-        lines.append(f"| {patch} | {'; '.join(cells)} |")
+        lines.append(f"| {names[patch]} | {'; '.join(cells)} |")
     return "\n".join(lines)
