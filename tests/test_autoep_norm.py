@@ -4,18 +4,19 @@
 """AutoEP: the global grad norm and the update equal fp64 PyTorch on every engine path and split.
 
 tests/workers/autoep_norm.py lets AutoEP convert a Mixtral-style MoE block (4 experts, top 2, expert parallel 2) and
-trains one global batch of 8 at every micro-batch x GAS split, alone (``ep2``) and folded with AutoTP (``ep2_tp2``:
-2 TP ranks holding every weight whole, the engine correcting the folded gradients; ``ep2_tp2_split``: the same with
-a dense MLP pair that AutoTP splits column- and row-parallel, ``--run-slow``); and the same for a Hugging Face
-``MixtralForCausalLM`` (2 decoder layers, its causal-LM loss; ``hf_ep2``, ``hf_ep2_tp2``; needs transformers), and
-that model compiled around its experts (``hf_ep2_compiled``: ``compile.autoep_non_moe`` and ``engine.compile()``,
-ZeRO 0-2, ``--run-slow``). Regression test for patch 0028: BF16_Optimizer corrected only the first micro-batch of a
-step under folding (norm 3.2-4.9% high at GAS 2 and 4, update 19-27% off); and for patch 0029: ZeRO-3 took its norm
-in 3 collectives (4 folded). 0.19.8 reports no norm on ZeRO-0 fp32, its folded ZeRO-1/2 norm is 0.79% off (4.4% on
-the HF model, its fp16 ZeRO-0 norm 6.0%), and its BF16_Optimizer raises under folding on the TP rank with no dense
-gradient to count (patch 0027) while the other waits: that launch hangs until its timeout (against 0.19.8, ``-k "not
-(ep2_tp2 and bf16_fp32)"`` leaves the case out of the launch). docs/evidence/grad_norm.md ("AutoEP") has the
-figures.
+trains one global batch of 8 at every micro-batch x GAS split, alone (``ep2``) and folded with AutoTP (``ep2_tp2``: 2
+TP ranks holding every weight whole, the engine correcting the folded gradients; ``ep2_tp2_split``: the same with a
+dense MLP pair that AutoTP splits column- and row-parallel, ``--run-slow``); and the same for a Hugging Face
+``MixtralForCausalLM`` (2 decoder layers, its causal-LM loss; ``hf_ep2``, ``hf_ep2_tp2``; needs transformers), and that
+model compiled around its experts (``hf_ep2_compiled``: ``compile.autoep_non_moe`` and ``engine.compile()``, ZeRO 0-2,
+``--run-slow``). Regression test for patch Correct-every-micro-batch-s-gradient-under-AutoEP-fo: BF16_Optimizer
+corrected only the first micro-batch of a step under folding (norm 3.2-4.9% high at GAS 2 and 4, update 19-27% off);
+and for patch Take-the-ZeRO-3-global-grad-norm-of-AutoEP-experts-i: ZeRO-3 took its norm in 3 collectives (4 folded).
+0.19.8 reports no norm on ZeRO-0 fp32, its folded ZeRO-1/2 norm is 0.79% off (4.4% on the HF model, its fp16 ZeRO-0
+norm 6.0%), and its BF16_Optimizer raises under folding on the TP rank with no dense gradient to count (patch
+Count-zero-on-a-rank-with-no-tensor-in-get_global_no) while the other waits: that launch hangs until its timeout
+(against 0.19.8, ``-k "not (ep2_tp2 and bf16_fp32)"`` leaves the case out of the launch). docs/evidence/grad_norm.md
+("AutoEP") has the figures.
 """
 
 import importlib.util
@@ -54,8 +55,8 @@ PATHS = [
 # norm check a norm off by a percent. fp32: 2.7e-6 seen.
 NORM_TOLERANCE = {"bf16": 5e-3, "fp16": 2e-3, "fp32": 1e-6}
 UPDATE_TOLERANCE = {"bf16": 1e-1, "fp16": 2e-2, "fp32": 2e-5}
-# CI: BF16_Optimizer (patch 0028's path) and ZeRO-0 fp32, folded, on 2 ranks, and on the HF model
-# BF16_Optimizer and ZeRO-1 fp32 folded; the rest with --run-slow.
+# CI: BF16_Optimizer (patch Correct-every-micro-batch-s-gradient-under-AutoEP-fo's path) and ZeRO-0 fp32, folded, on 2
+# ranks, and on the HF model BF16_Optimizer and ZeRO-1 fp32 folded; the rest with --run-slow.
 FAST = {("ep2_tp2", 2, "zero1_bf16_fp32_accumulation"), ("ep2_tp2", 2, "zero0_fp32"),
         ("hf_ep2_tp2", 2, "zero1_bf16_fp32_accumulation"), ("hf_ep2_tp2", 2, "zero1_fp32")}
 ALL_CASES = [(layout, ranks, path, micro, gas) for layout, by_ranks in SPLITS.items()

@@ -6,14 +6,15 @@ the unsharded model, at every split.
 
 tests/workers/autotp_hf.py (2 ranks, tensor parallel 2) shards the tests' tiny Llama by ``preset_model``, by
 ``partition_config`` rules (with ``tp.tp_grain_size``), by the model's own transformers ``tp_plan``, with a
-vocabulary-parallel LM head, through ``deepspeed.tp_model_init`` with the user's own group, and a Qwen3 whose head
-is tied to its embedding (``keep_module_on_host``); a Llama with no tp_plan sharded by AutoTP's own parser with
+vocabulary-parallel LM head, through ``deepspeed.tp_model_init`` with the user's own group, and a Qwen3 whose head is
+tied to its embedding (``keep_module_on_host``); a Llama with no tp_plan sharded by AutoTP's own parser with
 ``kernel_inject``, an ``injection_policy_tuple`` and a user's ``tp.mpu`` set (training acts on none of them); the
-vocabulary-parallel head with ``vocab_parallel_ce_backend`` "liger" (on a CPU the PyTorch loss). ZeRO-0 and 1 fp32
-and ZeRO-2 bf16, micro-batch x GAS 8x1, 4x2, 2x4. 0.19.8 gives the same results but reports no norm on ZeRO-0 fp32
-(patch 0012); a config holding an object (``tp_model_init``'s group, the user's mpu) fails its rank 0 while rank 1
-waits (patch 0055): against 0.19.8, ``-k "not tp_model_init and not heuristic"`` keeps those out of the launch. CI
-runs the preset, tp_model_init and heuristic layouts; the rest with --run-slow.
+vocabulary-parallel head with ``vocab_parallel_ce_backend`` "liger" (on a CPU the PyTorch loss). ZeRO-0 and 1 fp32 and
+ZeRO-2 bf16, micro-batch x GAS 8x1, 4x2, 2x4. 0.19.8 gives the same results but reports no norm on ZeRO-0 fp32 (patch
+Report-the-ZeRO-0-fp32-global-grad-norm-from-one-fus); a config holding an object (``tp_model_init``'s group, the
+user's mpu) fails its rank 0 while rank 1 waits (patch Print-a-config-that-holds-a-process-group-instead-of): against
+0.19.8, ``-k "not tp_model_init and not heuristic"`` keeps those out of the launch. CI runs the preset, tp_model_init
+and heuristic layouts; the rest with --run-slow.
 """
 
 import pytest

@@ -23,9 +23,9 @@ WORKER = REPO / "tests" / "workers" / "autotp_norm.py"
 SPLITS = {2: [(8, 1), (4, 2)], 4: [(4, 1), (2, 2)]}
 PATHS = ["zero0_fp32", "zero1_fp32", "zero2_fp32"]
 ALL_CASES = [(ranks, f"{path}_m{m}_g{g}") for ranks in SPLITS for path in PATHS for m, g in SPLITS[ranks]]
-# loss_normalization "per_item" (patch 0023): samples of 0-3 items, against the fp64 item mean of the
-# unsplit model. The ZeRO-1/2 norm's collective sums the counts over the TP ranks too, which count the
-# same micro-batch: each adds its 1/TP share.
+# loss_normalization "per_item" (patch Add-per-item-loss-normalization-to-ZeRO-0-BF16_Optim): samples of 0-3 items,
+# against the fp64 item mean of the unsplit model. The ZeRO-1/2 norm's collective sums the counts over the TP ranks
+# too, which count the same micro-batch: each adds its 1/TP share.
 PER_ITEM_CASES = [(ranks, f"{path}_per_item_m{m}_g{g}") for ranks in SPLITS for path in PATHS
                   for m, g in SPLITS[ranks]]
 

@@ -57,8 +57,8 @@ def test_client_tier_fast_part_has_no_regression(tmp_path, extensions_dir):
     print(proc.stdout[-6000:])
     assert proc.returncode == 0, proc.stdout[-6000:]
     selections = json.loads(report.with_suffix(".json").read_text())["selections"]
-    # Pristine 0.19.8 fails every Trainer test here (patch 0031's bug), so "no regression" alone would pass a fork
-    # that failed them too: on the fork each must pass.
+    # Pristine 0.19.8 fails every Trainer test here (patch Broadcast-a-0-dim-parameter-as-its-one-element-view's bug),
+    # so "no regression" alone would pass a fork that failed them too: on the fork each must pass.
     for name, least in zip(SELECTIONS, (8, 3)):
         summary = selections[name]
         for side, outcomes in summary["outcomes"].items():  # by name in the log (pytest -rA shows it)

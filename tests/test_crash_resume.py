@@ -12,7 +12,7 @@ and trains to the end. It must resume at the last save every rank finished befor
 written, where the kill came after the last byte of its file), and end with the uninterrupted run's weights: bit for
 bit on 2 ranks, within another split's rounding on 1. On 0.19.8 rank 0 writes
 ``latest`` while another rank is still writing, so a rank killed there leaves ``latest`` naming a tag whose files
-are cut, and the restart fails to load it (patch 0046).
+are cut, and the restart fails to load it (patch Write-checkpoints-so-that-a-rank-killed-inside-save_).
 
 ``DS_GAFIX_CRASH_TRIALS_JSON=FILE`` writes every trial's outcome there.
 """

@@ -10,14 +10,14 @@ prefetch and selective-gather passes join at step 5.
 
 The cases of a launch train one engine after the other in one process, ZeRO-1, then ZeRO-2, then ZeRO-3, as a script
 or a notebook may: 0.19.8 ran every earlier engine's backward hooks too, and a ZeRO-2 engine after a ZeRO-1 one
-trained on zero gradients (patch 0060).
+trained on zero gradients (patch Run-only-the-current-engine-s-DeepCompile-backward-h).
 
 tests/workers/deepcompile.py runs DeepCompile's own Python (hooks, backend, passes, profiler, the ZeRO step) with its
-native op (CUDA streams and NCCL) as a torch stand-in of its bookkeeping (``helpers.deepcompile_standin``); the
-native op itself runs in ``tools/gpu-check`` (its own test, patch 0059's). The stand-in as 0.19.8's native op (a
-control): ZeRO-1 at GAS 1 trains, every split that accumulates stops in the second step's first backward, where the
-native build aborts (``DoubleBufferedReduceBucket::swap``). ZeRO-3's control: a stand-in whose reduction overwrites
-the step's earlier micro-batches fails every split that accumulates.
+native op (CUDA streams and NCCL) as a torch stand-in of its bookkeeping (``helpers.deepcompile_standin``); the native
+op itself runs in ``tools/gpu-check`` (its own test, patch Flush-only-the-DeepCompile-reduce-buckets-that-hold-'s). The
+stand-in as 0.19.8's native op (a control): ZeRO-1 at GAS 1 trains, every split that accumulates stops in the second
+step's first backward, where the native build aborts (``DoubleBufferedReduceBucket::swap``). ZeRO-3's control: a
+stand-in whose reduction overwrites the step's earlier micro-batches fails every split that accumulates.
 """
 
 import pytest
@@ -29,9 +29,11 @@ from helpers.split_cases import case_id, launches, results
 WORKER = REPO / "tests" / "workers" / "deepcompile.py"
 PATHS = ["zero1_fp32", "zero1_bf16_clip", "zero2_fp32_clip", "zero2_bf16", "zero3_fp32", "zero3_bf16_clip"]
 SPLITS = [(4, 1), (2, 2), (1, 4)]
-# CI: ZeRO-1 at GAS 4 (the native op's patch 0059) in fp32 and bf16 clipped, then ZeRO-2 in the same process (the
-# hooks of patch 0060: 0.19.8 trains this one on zero gradients), then ZeRO-3 (its parameter guard: on torch before
-# 2.8 no model compiled, patch 0064; the version matrix's oldest torch runs CI's cases); the rest slow.
+# CI: ZeRO-1 at GAS 4 (the native op's patch Flush-only-the-DeepCompile-reduce-buckets-that-hold-) in fp32 and bf16
+# clipped, then ZeRO-2 in the same process (the hooks of patch Run-only-the-current-engine-s-DeepCompile-backward-h:
+# 0.19.8 trains this one on zero gradients), then ZeRO-3 (its parameter guard: on torch before 2.8 no model compiled,
+# patch Compare-DeepCompile-ZeRO-3-parameter-guards-dispatch; the version matrix's oldest torch runs CI's cases); the
+# rest slow.
 CI_CASES = [(2, "zero1_fp32", 1, 4), (2, "zero1_bf16_clip", 2, 2), (2, "zero2_fp32_clip", 2, 2),
             (2, "zero3_fp32", 2, 2)]
 CASES = [
@@ -91,7 +93,8 @@ def test_control_native_op_of_0_19_8_stops_accumulating_splits(launched, case):
 def test_a_gradient_computed_outside_the_compiled_backward_is_refused(launched, case):
     """The last layer under torch.compiler.disable: the forward's loop over the layers then runs eagerly as a whole,
     so every gradient is computed outside DeepCompile's compiled backward, which alone reduces them. The backward
-    raises and names them (patch 0061); 0.19.8 trains on, its step on zero gradients."""
+    raises and names them (patch Refuse-gradients-DeepCompile-s-ZeRO-1-2-backward-wou); 0.19.8 trains on, its step on
+    zero gradients."""
     for rank, result in each_rank(results(launched, case)):
         refused = result.get("refused", "")
         assert "6 parameter(s) got their gradient outside DeepCompile's compiled backward" in refused, \
@@ -117,6 +120,6 @@ def test_ds_gas_check_passes_the_gpu_check_config(launched, case):
     """ds_gas_check's own check of the bf16 DeepCompile configs tools/gpu-check gives it on a GPU (Adam, clipping
     below the norm, splits 16x1 to 2x8): every split passes with the native op's stand-in. On one H200 the ZeRO-3
     one failed in its first forward and the ZeRO-1 one reported norm 0 (0.19.8 alike), so those lie in what the
-    stand-in replaces, or in what patches 0059-0062 changed."""
+    stand-in replaces, or in what the fork's DeepCompile patches changed."""
     for rank, splits in each_rank(results(launched, case)):
         assert splits and all(split["verdict"] == "PASS" for split in splits), f"rank {rank}: {splits}"

@@ -34,8 +34,9 @@ MUST_PASS = [
     "zero2_offload_fp32_lion_clip", "zero2_fp32_small_buckets", "zero3_fp32_small_buckets",
     "zero2_fp32_torch_adamw_default_decay"
 ]
-# The engine's other ways to reduce, fetch and place (docs/reference/engine_surface.md). round_robin_gradients
-# failed on 0.19.8: its fp32 fragments, which the check reads, held other parameters' elements (patch 0038).
+# The engine's other ways to reduce, fetch and place (docs/reference/engine_surface.md). round_robin_gradients failed
+# on 0.19.8: its fp32 fragments, which the check reads, held other parameters' elements (patch
+# Map-each-round-robin-ordered-parameter-to-its-own-fp).
 ENGINE_SURFACE = [
     "zero1_fp32_round_robin", "zero2_fp32_round_robin", "zero2_fp32_overlap_comm",
     "zero2_fp32_no_contiguous_gradients", "zero2_fp32_single_rank_buckets", "zero2_fp32_no_allgather_partitions",
@@ -65,18 +66,19 @@ SLOW_CASES = [
     "pipe2_bf16_per_item_variable_items"
 ]
 # Also slow since 2026-11-24 (CI's 30 minutes): plain ZeRO-1/2 fp32 (zero1_fp32_clip, zero1_fp32_boundary_loop,
-# zero2_fp32_adamw_clip and zero2_fp32_caller_divides run those paths), patch 0005's scale growth on ZeRO-1/2
-# (CI keeps ZeRO-0 and 3).
+# zero2_fp32_adamw_clip and zero2_fp32_caller_divides run those paths), patch
+# Grow-the-dynamic-loss-scale-only-after-unscaling-the's scale growth on ZeRO-1/2 (CI keeps ZeRO-0 and 3).
 SLOW_CASES += ["zero1_fp32", "zero2_fp32", "zero1_fp16_scale_growth", "zero2_fp16_scale_growth"]
 # Offload with DeepSpeed's CPU Adagrad and Lion (each a JIT build of its own) and Muon's offload path: the full
 # optimizer table (tests/test_optimizer_updates.py) covers them; CI keeps Muon on ZeRO-1 and 3.
 SLOW_CASES += ["zero2_offload_fp32_muon_clip", "zero2_offload_fp32_adagrad_clip", "zero2_offload_fp32_lion_clip"]
 # --small-buckets: CI runs ZeRO-3 (prefetch, persistence, sub-groups); ZeRO-1/2 and the bucket-bug control slow.
 SLOW_CASES += ["zero2_fp32_small_buckets"]
-# The engine-surface cases: CI keeps round robin on ZeRO-2 (0.19.8's failure), parameter offload on ZeRO-3, the
-# two the check once failed on a right engine (torch autocast's bf16 rounding, a learning-rate schedule), a
-# torch scheduler from the config under ZeRO-2 (0.19.8's engine raised TypeError building it), and a model built
-# under zero.Init and initialised through Module.apply (0.19.8's apply returned None: patch 0052).
+# The engine-surface cases: CI keeps round robin on ZeRO-2 (0.19.8's failure), parameter offload on ZeRO-3, the two the
+# check once failed on a right engine (torch autocast's bf16 rounding, a learning-rate schedule), a torch scheduler
+# from the config under ZeRO-2 (0.19.8's engine raised TypeError building it), and a model built under zero.Init and
+# initialised through Module.apply (0.19.8's apply returned None: patch
+# Return-the-module-from-Module.apply-under-zero.Init).
 CI_ENGINE_SURFACE = ("zero2_fp32_round_robin", "zero3_offload_param_fp32", "zero2_autocast_bf16",
                      "zero2_fp32_warmup_lr", "zero1_bf16_master_adam_clip", "zero3_fp32_zero_init_module_apply_clip")
 SLOW_CASES += [case for case in ENGINE_SURFACE if case not in CI_ENGINE_SURFACE]
@@ -204,8 +206,9 @@ def test_bf16_optimizer_keeps_last_micro_batch_in_cross_rank_average(launched):
 @pytest.mark.parametrize(
     "case", [pytest.param(case, marks=[pytest.mark.slow] if case in SLOW_CASES else []) for case in SCALE_GROWTH])
 def test_fp16_update_on_the_step_the_loss_scale_grows(launched, case):
-    """Regression (patch 0005): the dynamic loss scale grew before the gradients were unscaled, so the
-    step on which it grows applied half its update (every step after the first with loss_scale_window 1)."""
+    """Regression (patch Grow-the-dynamic-loss-scale-only-after-unscaling-the): the dynamic loss scale grew before the
+    gradients were unscaled, so the step on which it grows applied half its update (every step after the first with
+    loss_scale_window 1)."""
     assert_gas_invariant(launched, case)
 
 
@@ -300,7 +303,7 @@ def test_control_dropped_micro_batch_fails_without_reference(launched):
 
 def test_user_pipeline_module_with_clipping(launched):
     """A user's PipelineModule (--model) on token batches (--data): its reference is built from the layer list.
-    Fails on 0.19.8, whose clip norm misses the other stage (patch 0003)."""
+    Fails on 0.19.8, whose clip norm misses the other stage (patch Count-every-pipeline-stage-in-clip_grad_norm_)."""
     ranks = launched.case("pipe2_user_transformer_clip")
     assert [r["name"] for r in ranks[0]] == ["4 x 1 x 2", "2 x 2 x 2", "1 x 4 x 2"]
     assert_gas_invariant(launched, "pipe2_user_transformer_clip")

@@ -51,9 +51,9 @@ PLAN_BUILDS = {case: 0 if case == "zero1_bf16_fp32_accumulation" else 1 for case
 OVERFLOW_CASES = ["zero2_fp16_overflow", "zero3_fp16_overflow"]
 # zero_optimization.compute_grad_norm false (upstream #8331): collectives in step(), update tolerance.
 NO_NORM_CASES = {"zero1_no_norm_fp32": (0, 1e-6), "zero2_no_norm_fp32": (0, 1e-6), "zero2_no_norm_fp16": (1, 1e-2)}
-# Muon (2-D weights orthogonalized, the rest Adam): the norm is the gradient's, taken before Newton-Schulz
-# (patch 0032; tests/test_optimizer_updates.py compares it with fp64); every case takes one collective
-# (0.19.8: 2 in fp32, 3 in fp16).
+# Muon (2-D weights orthogonalized, the rest Adam): the norm is the gradient's, taken before Newton-Schulz (patch
+# Clip-Muon-s-gradient-not-its-orthogonalized-update-u; tests/test_optimizer_updates.py compares it with fp64); every
+# case takes one collective (0.19.8: 2 in fp32, 3 in fp16).
 MUON_CASES = ["zero1_muon_fp32", "zero2_muon_fp32", "zero1_muon_fp16", "zero2_muon_fp16", "zero2_offload_muon_fp16"]
 UNUSED_PARAMETER_CASES = ["zero2_offload_unused_parameter_refused", "zero2_offload_unused_parameter_ignored"]
 PIPELINE_CASES = ["pipeline_buffer_dtype", "pipeline_fp32_norm", "pipeline_tied_fp32_norm", "pipeline_fp16_norm"]
@@ -132,8 +132,9 @@ def test_fp16_overflow_on_one_rank_skips_the_step_on_every_rank(launched, case):
 
 def test_fp16_legacy_lamb_step(launched):
     """fp16 LAMB without ZeRO (FP16_UnfusedOptimizer's legacy step, the CUDA FusedLamb replaced by a stand-in taking
-    its arguments): a finite batch steps, an inf gradient is skipped. Patch 0018 once left this
-    step naming an undefined variable (a NameError at its first step)."""
+    its arguments): a finite batch steps, an inf gradient is skipped. Patch
+    Read-back-one-value-per-step-in-BF16_Optimizer-and-t once left this step naming an undefined variable (a NameError
+    at its first step)."""
     for rank, (finite, poisoned) in enumerate(launched.case("zero0_fp16_lamb_legacy_step")):
         assert finite == {"overflow": False, "calls": 1}, f"rank {rank}: {finite}"
         assert poisoned == {"overflow": True, "calls": 1}, f"rank {rank}: {poisoned}"
@@ -153,10 +154,10 @@ def test_compute_grad_norm_false_takes_no_norm(launched, case):
 
 def test_offload_refuses_an_unused_parameter_unless_told_to_ignore_it(launched):
     """ZeRO-2 with CPU offload, a trainable parameter unused in the loss (in both ranks' partitions): with
-    ``zero_optimization.ignore_unused_parameters`` false every rank raises upstream's AssertionError naming
-    the option (the check sat in the per-group offload norm, which the single collective replaced; 0.19.8
-    raises too); with it true the norm is that of the used parameters. The fork lost the check once, found
-    by upstream's test_ignore_unused_parameters.py in the full tier (patch 0009)."""
+    ``zero_optimization.ignore_unused_parameters`` false every rank raises upstream's AssertionError naming the option
+    (the check sat in the per-group offload norm, which the single collective replaced; 0.19.8 raises too); with it
+    true the norm is that of the used parameters. The fork lost the check once, found by upstream's
+    test_ignore_unused_parameters.py in the full tier (patch Take-the-ZeRO-1-2-global-grad-norm-in-one-fused-op-a)."""
     for rank, result in enumerate(launched.case("zero2_offload_unused_parameter_refused")):
         assert result["raised"] and "ignore_unused_parameters" in result["raised"], f"rank {rank}: {result}"
     for rank, result in enumerate(launched.case("zero2_offload_unused_parameter_ignored")):
@@ -229,10 +230,11 @@ def test_pipeline_stages_with_uneven_groups_do_not_hang(extensions_dir):
 
 @pytest.mark.parametrize("norm_type", [2, 1, math.inf])
 def test_a_rank_with_no_gradient_to_count_counts_zero(extensions_dir, monkeypatch, norm_type):
-    """Under tensor parallelism a rank whose every parameter is a replica counts no gradient (patch 0027:
-    0.19.8 raises "stack expects a non-empty TensorList", the fork before it IndexError, and the other ranks
-    hang in the all-reduce this rank never joins; that part is tests/unit/runtime/test_global_norm_no_tensors.py,
-    2 ranks in upstream's harness). In process, without collectives: the count itself."""
+    """Under tensor parallelism a rank whose every parameter is a replica counts no gradient (patch
+    Count-zero-on-a-rank-with-no-tensor-in-get_global_no: 0.19.8 raises "stack expects a non-empty TensorList", the
+    fork before it IndexError, and the other ranks hang in the all-reduce this rank never joins; that part is
+    tests/unit/runtime/test_global_norm_no_tensors.py, 2 ranks in upstream's harness). In process, without collectives:
+    the count itself."""
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(extensions_dir))
     from deepspeed.runtime.utils import get_global_norm_of_tensors
     norm = get_global_norm_of_tensors([], norm_type=norm_type)

@@ -5,13 +5,14 @@
 never stopped.
 
 A tiny Llama trains 4 steps of 8 padded rows with the Trainer (AdamW, warm-up then linear decay, clipping 1.0, fp32,
-CPU) on 2 processes (micro-batch 2, GAS 2), saving checkpoint-2 and checkpoint-4. A second launch on 1 process (GAS
-4: the same 8 rows a step) calls ``trainer.train(resume_from_checkpoint=".../checkpoint-2")`` with
-``"checkpoint": {"reshard_on_load": true}`` in its DeepSpeed config (patch 0045) and trains steps 3 and 4. It must
-start at step 2 and end at step 4 with the learning rate and weights of the 2-process run (weights within 1e-6:
-another split sums in another order). On 0.19.8 the Trainer's ``engine.load_checkpoint`` raises
+CPU) on 2 processes (micro-batch 2, GAS 2), saving checkpoint-2 and checkpoint-4. A second launch on 1 process (GAS 4:
+the same 8 rows a step) calls ``trainer.train(resume_from_checkpoint=".../checkpoint-2")`` with ``"checkpoint":
+{"reshard_on_load": true}`` in its DeepSpeed config (patch Reshard-a-ZeRO-checkpoint-on-load-for-another-data-p) and
+trains steps 3 and 4. It must start at step 2 and end at step 4 with the learning rate and weights of the 2-process run
+(weights within 1e-6: another split sums in another order). On 0.19.8 the Trainer's ``engine.load_checkpoint`` raises
 ``ZeRORuntimeException``; converted by hand, ZeRO-3 gave every param group the first one's settings (the Trainer's
-biases and norms, kept out of weight decay, decayed: 1e-3 off; patch 0047).
+biases and norms, kept out of weight decay, decayed: 1e-3 off; patch
+Give-each-ZeRO-3-param-group-and-sub-group-its-own-s).
 """
 
 from pathlib import Path

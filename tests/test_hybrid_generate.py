@@ -3,13 +3,13 @@
 # DeepSpeed Team
 """RLHF's loop on the hybrid engine: generation between training steps leaves the training what fp64 PyTorch gives.
 
-tests/workers/hybrid_generate.py (2 ranks) generates greedily from each rank's prompt, then trains one global batch
-of 8 at every micro-batch x GAS split, twice, on a tiny Hugging Face Mistral (no DeepSpeed inference policy matches
-it: the engine generates on the model's own path): ZeRO-3 with the hybrid engine's defaults, with
-``pin_parameters`` false, ``release_inference_cache``, ``inference_tp_size`` 2, and ZeRO-2 bf16. Every step's
-tokens must equal what the reference's weights of that step generate, and the norm and the weights after 2 steps
-the fp64 reference's. 0.19.8 fails every case at its first generation (``AttributeError: ... no attribute
-'_generate'``, patch 0054). CI runs ZeRO-3 with the defaults; the rest with --run-slow.
+tests/workers/hybrid_generate.py (2 ranks) generates greedily from each rank's prompt, then trains one global batch of
+8 at every micro-batch x GAS split, twice, on a tiny Hugging Face Mistral (no DeepSpeed inference policy matches it:
+the engine generates on the model's own path): ZeRO-3 with the hybrid engine's defaults, with ``pin_parameters`` false,
+``release_inference_cache``, ``inference_tp_size`` 2, and ZeRO-2 bf16. Every step's tokens must equal what the
+reference's weights of that step generate, and the norm and the weights after 2 steps the fp64 reference's. 0.19.8
+fails every case at its first generation (``AttributeError: ... no attribute '_generate'``, patch
+Let-the-hybrid-engine-generate-on-a-model-s-own-path). CI runs ZeRO-3 with the defaults; the rest with --run-slow.
 """
 
 import pytest

@@ -40,7 +40,7 @@ def test_wheel_is_named_deepspeed_with_the_fork_label(fork_wheel):
         report = wheel.read("deepspeed/env_report.py").decode()
     assert "deepspeed/gafix/_build_info.py" in names
     assert "deepspeed/ops/op_builder/builder.py" in names  # upstream's packaging is intact
-    assert "print_fork_report(" in report  # patch 0001 is in
+    assert "print_fork_report(" in report  # patch Report-the-build-as-deepspeed-gafix is in
 
 
 def test_wheel_replaces_installed_upstream(fork_wheel, tmp_path):

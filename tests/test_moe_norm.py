@@ -8,7 +8,7 @@ on 2 ranks (every rank a different expert) and on 4 ranks (each expert with 2 da
 replicas), at every micro-batch x GAS split of the rank's share. Regression tests for deepspeed
 0.19.8 (upstream issues #8475 and #8613): without ZeRO, fp32 reports no norm and clips with each
 rank's norm averaged over the data-parallel ranks; FP16_UnfusedOptimizer leaves the experts out of
-its norm (and, before patch 0004, never scaled the loss).
+its norm (and, before patch Scale-the-loss-for-the-fp16-optimizers-of-ZeRO-stage, never scaled the loss).
 """
 
 import pytest
@@ -33,8 +33,9 @@ ALL_CASES = [(ranks, path, micro, gas) for ranks, splits in SPLITS.items() for p
 
 
 def fast(ranks, path):
-    """CI runs the ZeRO-0 paths (patch 0017's) on 2 ranks; the rest, and 4 ranks, with --run-slow (CI keeps
-    to its 30 minutes; tests/test_global_grad_norm.py runs MoE on ZeRO-1/2 besides)."""
+    """CI runs the ZeRO-0 paths (patch Count-each-expert-once-in-the-ZeRO-0-global-grad-nor's) on 2 ranks; the rest,
+    and 4 ranks, with --run-slow (CI keeps to its 30 minutes; tests/test_global_grad_norm.py runs MoE on ZeRO-1/2
+    besides)."""
     return ranks == 2 and path.startswith("zero0")
 
 
@@ -81,8 +82,9 @@ def test_one_collective_per_step(launched, case):
     assert_collectives(launched[ranks].case(case_name(path, micro, gas)))
 
 
-# loss_normalization "per_item" (patches 0020 and 0023): samples of 0-3 items, the mean over every item of
-# the global batch. CI runs the ZeRO-0 (engine all-reduce) and ZeRO-2 (norm collective) paths on 2 ranks.
+# loss_normalization "per_item" (patches Add-per-item-loss-normalization-to-ZeRO-stages-1-and and
+# Add-per-item-loss-normalization-to-ZeRO-0-BF16_Optim): samples of 0-3 items, the mean over every item of the global
+# batch. CI runs the ZeRO-0 (engine all-reduce) and ZeRO-2 (norm collective) paths on 2 ranks.
 PER_ITEM_PATHS = [
     "zero0_fp32_per_item", "zero0_fp16_per_item", "zero1_bf16_fp32_accumulation_per_item", "zero1_fp32_per_item",
     "zero2_fp32_per_item", "zero2_bf16_per_item"

@@ -3,18 +3,18 @@
 # DeepSpeed Team
 """MoE under tensor parallelism: the global grad norm and the update equal fp64 PyTorch.
 
-tests/workers/moe_tp_norm.py trains one global batch of 8 through a top-1 MoE layer of 2 experts with an
-mpu in Megatron's layout (tensor parallel 2; 2 ranks: data parallel 1, 4 ranks: data parallel 2), at
-every micro-batch x GAS split, in the three layouts DeepSpeed builds: expert parallel 2 or 1 without
-expert tensor parallelism (each tensor-parallel rank runs the experts on its own share of the tokens),
-and expert parallel 1 with it (the ranks compute the same expert gradients); the output layer is
-row-parallel; a fourth layout, expert tensor parallelism with Megatron's parallel MLP as the expert (split
-over the tensor-parallel ranks but for its last bias), establishes that path (right on the fork; 0.19.8
-fails it only where it fails the others: no norm on ZeRO-0, fp16's update). Regression tests for deepspeed 0.19.8 and for the fork before patch 0025: every norm
-counted the experts as tensor-parallel replicas, leaving out what the tensor-parallel ranks other than 0
-computed (norm 3.1% low on 2 ranks, the clipped update as far off), and ZeRO-1/2 took 5 collectives for
-it; and before patch 0026: BF16_Optimizer counted the experts once per tensor-parallel rank under expert
-tensor parallelism, where they are replicas (norm 7.3% high, the update 12% off), and took 2 collectives
+tests/workers/moe_tp_norm.py trains one global batch of 8 through a top-1 MoE layer of 2 experts with an mpu in
+Megatron's layout (tensor parallel 2; 2 ranks: data parallel 1, 4 ranks: data parallel 2), at every micro-batch x GAS
+split, in the three layouts DeepSpeed builds: expert parallel 2 or 1 without expert tensor parallelism (each
+tensor-parallel rank runs the experts on its own share of the tokens), and expert parallel 1 with it (the ranks compute
+the same expert gradients); the output layer is row-parallel; a fourth layout, expert tensor parallelism with
+Megatron's parallel MLP as the expert (split over the tensor-parallel ranks but for its last bias), establishes that
+path (right on the fork; 0.19.8 fails it only where it fails the others: no norm on ZeRO-0, fp16's update). Regression
+tests for deepspeed 0.19.8 and for the fork before patch Count-each-tensor-parallel-rank-s-experts-in-the-MoE: every
+norm counted the experts as tensor-parallel replicas, leaving out what the tensor-parallel ranks other than 0 computed
+(norm 3.1% low on 2 ranks, the clipped update as far off), and ZeRO-1/2 took 5 collectives for it; and before patch
+Count-each-gradient-once-in-BF16_Optimizer-s-MoE-nor: BF16_Optimizer counted the experts once per tensor-parallel rank
+under expert tensor parallelism, where they are replicas (norm 7.3% high, the update 12% off), and took 2 collectives
 without it.
 """
 
@@ -34,9 +34,10 @@ ALL_CASES = [(ranks, layout, path, micro, gas) for ranks, splits in SPLITS.items
 
 
 def fast(ranks, layout, path, micro, gas):
-    """CI: the layout where the experts of every tensor-parallel rank differ (the one 0.19.8 gets wrong on
-    every path), without ZeRO and on ZeRO-2, and BF16_Optimizer under expert tensor parallelism (the one
-    0.19.8 and the fork before patch 0026 get wrong), at GAS 2 on 2 ranks (CI's 30 minutes); the rest with
+    """CI: the layout where the experts of every tensor-parallel rank differ (the one 0.19.8 gets wrong on every path),
+    without ZeRO and on ZeRO-2, and BF16_Optimizer under expert tensor parallelism (the one 0.19.8 and the fork before
+    patch Count-each-gradient-once-in-BF16_Optimizer-s-MoE-nor get wrong), at GAS 2 on 2 ranks (CI's 30 minutes); the
+    rest with
     --run-slow."""
     chosen = {("ep2", "zero0_fp32"), ("ep2", "zero2_fp32"), ("ep1_expert_tp", "zero1_bf16_fp32_accumulation")}
     return ranks == 2 and (layout, path) in chosen and gas == 2

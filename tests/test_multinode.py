@@ -40,7 +40,8 @@ PROBE = REPO / "tests" / "workers" / "node_probe.py"
 FAILING = REPO / "tests" / "workers" / "node_failure.py"
 CRASH_RESUME = REPO / "tests" / "workers" / "crash_resume.py"
 # Seconds from a failure to the last process of the job: the runner gives the nodes 30 s to stop their ranks. A node
-# that stops answering is noticed by ssh's keepalives first, after about a minute (patch 0085's 15 s x 4).
+# that stops answering is noticed by ssh's keepalives first, after about a minute (patch
+# Notice-a-node-that-stops-answering-keepalives-on-pds's 15 s x 4).
 FULL_STOP_BOUND = 60
 SILENT_NODE_BOUND = 60 + FULL_STOP_BOUND
 JOB_PROCESSES = "node_failure\\.py|deepspeed\\.launcher\\.launch|bin/deepspeed --hostfile"

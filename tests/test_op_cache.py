@@ -1,18 +1,19 @@
 # SPDX-License-Identifier: Apache-2.0
 
 # DeepSpeed Team
-"""The fork and pristine upstream on one machine, one default JIT cache (patch 0015).
+"""The fork and pristine upstream on one machine, one default JIT cache (patch
+JIT-build-each-op-under-a-name-keyed-by-its-sources).
 
-Both JIT-build an op named ``deepspeed_shm_comm`` from different sources (patch 0002 adds
-``release_shm_names``). Sharing one cache directory, each switch rebuilt the op and a fork process
-could load the pristine binary. Here both installs load the op with default settings (no
-TORCH_EXTENSIONS_DIR; HOME is a scratch directory): alternating, then at the same time, each loads its
-own binary and none is rebuilt.
+Both JIT-build an op named ``deepspeed_shm_comm`` from different sources (patch
+Remove-the-CPU-shm-all-reduce-buffers-names-once-all adds ``release_shm_names``). Sharing one cache directory, each
+switch rebuilt the op and a fork process could load the pristine binary. Here both installs load the op with default
+settings (no TORCH_EXTENSIONS_DIR; HOME is a scratch directory): alternating, then at the same time, each loads its own
+binary and none is rebuilt.
 
-The default cache starts with both installs' builds, copied from the run's extensions directory, where
-other launches of the run built them (the demo, test_checkpoint_swap's pristine launches; the fixture
-builds what is missing): two JIT builds less (about 100 s of CI's budget). Under one shared name (0.19.8
-on both sides) the copies would be one directory, and the checks fail as they did before patch 0015.
+The default cache starts with both installs' builds, copied from the run's extensions directory, where other launches
+of the run built them (the demo, test_checkpoint_swap's pristine launches; the fixture builds what is missing): two JIT
+builds less (about 100 s of CI's budget). Under one shared name (0.19.8 on both sides) the copies would be one
+directory, and the checks fail as they did before patch JIT-build-each-op-under-a-name-keyed-by-its-sources.
 ``--run-slow`` adds the first builds themselves, both at the same time into an empty default cache.
 """
 

@@ -6,8 +6,9 @@ torch's optimizer (or the published rule) after clip_grad_norm_: three clipped s
 splits against fp64 PyTorch, and one collective per step (tests/workers/optimizer_updates.py). The table of
 both installs is tools/optimizer-table's (docs/evidence/optimizers/report.md).
 
-Regression test for Muon under ZeRO-1/2/3 (patch 0032): 0.19.8 clips the orthogonalized update instead of the
-gradient (update 58% off, reported norm the update's, 4.6x the gradient's), and takes 2-3 collectives.
+Regression test for Muon under ZeRO-1/2/3 (patch Clip-Muon-s-gradient-not-its-orthogonalized-update-u): 0.19.8 clips
+the orthogonalized update instead of the gradient (update 58% off, reported norm the update's, 4.6x the gradient's),
+and takes 2-3 collectives.
 """
 
 import pytest
@@ -19,8 +20,9 @@ from helpers.repo import REPO
 from helpers.selection import params_of, selected_items
 
 WORKER = REPO / "tests" / "workers" / "optimizer_updates.py"
-# CI's share: Muon on every ZeRO stage and path patch 0032 changed, in each dtype. The rest of the table needs
-# DeepSpeed's CPU Adam, Adagrad and Lion ops (a JIT build each) and about 12 minutes: --run-slow.
+# CI's share: Muon on every ZeRO stage and path patch Clip-Muon-s-gradient-not-its-orthogonalized-update-u changed, in
+# each dtype. The rest of the table needs DeepSpeed's CPU Adam, Adagrad and Lion ops (a JIT build each) and about 12
+# minutes: --run-slow.
 FAST = ["Muon_zero1_fp32", "Muon_zero2_offload_fp32", "Muon_zero3_fp32", "Muon_zero2_bf16", "Muon_zero1_fp16"]
 # What a CPU cannot run: FusedLion and FusedLamb have no CPU op (tools/optimizer-table runs these on 2 GPUs).
 NEEDS_GPU = {f"{kind}_zero{stage}_fp32" for kind in ("Lion", "Lamb") for stage in range(4)}

@@ -72,7 +72,7 @@ def test_check_fails_on_a_hand_edited_patch(repo_copy):
 
 
 def test_check_fails_on_a_patch_without_signoff_test_or_changelog_entry(repo_copy):
-    """Three patches, each missing one thing upstream needs: a Signed-off-by (0010 lacked one until
+    """Three patches, each missing one thing upstream needs: a Signed-off-by (one patch lacked one until
     gafix.2), a test that exists, a CHANGELOG entry. check names each and fails."""
     unsigned, untested, unlisted = [p.path for p in read_series(repo_copy)[1:4]]
     unsigned.write_text("".join(line for line in unsigned.read_text().splitlines(keepends=True)
@@ -81,20 +81,19 @@ def test_check_fails_on_a_patch_without_signoff_test_or_changelog_entry(repo_cop
     untested.write_text(
         text.replace(text[text.index("\nTest:"):text.index("\n---\n")],
                      "\nTest: tests/no_such_test.py covers it.\n\nSigned-off-by: A <a@b.c>"))
-    number = unlisted.name[:4]
+    name = unlisted.stem.split("-", 1)[1]
     changelog = repo_copy / "CHANGELOG.md"
-    changelog.write_text(changelog.read_text().replace(f"Patch {number}",
-                                                       "A patch").replace(f"patch {number}", "a patch"))
+    changelog.write_text(changelog.read_text().replace(name, "a patch"))
     proc = patches_tool(repo_copy, "check")
     assert proc.returncode == 1, proc.stdout
     assert f"{unsigned.name}: no Signed-off-by trailer" in proc.stdout
     assert f"{untested.name}: its message names no existing test file" in proc.stdout
-    assert f"{unlisted.name}: CHANGELOG.md has no entry naming 'patch {number}'" in proc.stdout
+    assert f"{unlisted.name}: CHANGELOG.md has no entry naming it ({name})" in proc.stdout
 
 
 def test_check_fails_on_a_fix_patch_without_its_upstream_style_test(repo_copy):
     """A patch for upstream whose Test: paragraph names only the fork's suite, not a tests/unit file it
-    adds, is not a PR upstream can merge: check names it (0001, the fork's label, is exempt)."""
+    adds, is not a PR upstream can merge: check names it (the fork's label, first in the series, is exempt)."""
     patch = read_series(repo_copy)[2].path
     text = patch.read_text()
     patch.write_text(
@@ -148,7 +147,7 @@ def test_edit_export_build_mirrors_csrc(repo_copy, tmp_path):
     series = read_series(repo_copy)
     assert series[-1].subject == "Mark shm.cpp"
     changelog = repo_copy / "CHANGELOG.md"
-    changelog.write_text(changelog.read_text() + f"\n- Patch {series[-1].name[:4]}: a test edit.\n")
+    changelog.write_text(changelog.read_text() + "\n- Patch Mark-shm.cpp: a test edit.\n")
     # Until the new patch has its facts, check names it; with them it passes.
     proc = patches_tool(repo_copy, "check")
     assert proc.returncode == 1 and "patches/facts.toml: no entry for patch Mark-shm.cpp" in proc.stdout, proc.stdout
@@ -202,8 +201,9 @@ def test_rebase_onto_next_release(repo_copy, tmp_path):
 
 
 def test_rebase_reports_each_patch_applied_already_upstream_or_conflicting(repo_copy, tmp_path):
-    """A release that merged patch 0003's fix and rewrote the line the pipeline buffer patch (0013) changes:
-    the report names 0003 already upstream, 0013 in conflict (in its file), every other patch applied."""
+    """A release that merged patch Count-every-pipeline-stage-in-clip_grad_norm_'s fix and rewrote the line the
+    pipeline buffer patch (Reallocate-the-pipeline-s-gradient-buffer-when-the-d) changes: the report names the first
+    already upstream, the second in conflict (in its file), every other patch applied."""
     series = read_series(repo_copy)
     merged = series[2]
     conflicting = next(patch for patch in series if "pipeline's gradient buffer" in patch.subject)
@@ -239,3 +239,25 @@ def test_rebase_reports_each_patch_applied_already_upstream_or_conflicting(repo_
             assert line.endswith(": conflicts in deepspeed/runtime/pipe/engine.py"), line
         else:
             assert line.endswith(": applied"), line
+
+
+def test_a_patch_named_by_its_number_is_found():
+    """A number changes when the series is reordered; check names every place that uses one for a patch, and leaves
+    numbers that are not patches alone (a version, a port, a float). The samples are in tests/data, which the check
+    itself leaves alone."""
+    from patch_mentions import mentions
+    # The numbers are spelt apart here so that this file names no patch by number itself.
+    three, nine, twenty, twenty_three = ("00" + tail for tail in ("03", "09", "20", "23"))
+    numbers = {three, nine, twenty, twenty_three}
+    data = REPO / "tests" / "data" / "patch_mentions"
+    found = mentions("prose.md", (data / "prose.md").read_text(), numbers)
+    assert {words
+            for line, words in found if line == 1} == {
+                f"{three}/{nine}", f"{twenty}-{twenty_three}", f"patch {nine}", f"patches {twenty} and {twenty_three}",
+                three, nine, twenty, twenty_three
+            }
+    # In a code span and in a fenced block too, by the word; a bare number only in prose; never 0042 or 10009.
+    assert [(line, words) for line, words in found if line > 1] == [(2, f"patch {three}"), (4, f"patch {three}")]
+    assert mentions("tools/x.py", (data / "code.txt").read_text(), numbers) == [(1, f"patch {three}")]
+    # A patch's message is read, not its diff.
+    assert mentions("patches/0004-x.patch", (data / "message.patch").read_text(), numbers) == [(3, f"patch {three}")]

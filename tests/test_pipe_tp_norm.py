@@ -3,15 +3,17 @@
 # DeepSpeed Team
 """Tensor parallelism inside a pipeline: the global grad norm and the update equal fp64 PyTorch.
 
-tests/workers/pipe_tp_norm.py trains one global batch of 8 through 2 pipeline stages of 2 tensor-parallel ranks
-each (4 ranks, Megatron's parallel MLP in each stage), at every micro-batch x GAS split, with the activations sent
-between stages partitioned over the tensor-parallel ranks and their gradients partitioned (``pipe_grad``, the
-default), whole (``pipe``) or neither partitioned (``whole``); without ZeRO (fp32, FP16_UnfusedOptimizer, bf16's
-BF16_Optimizer) and on ZeRO-1; collectives of the model step counted. 0.19.8 on a CPU device: the ``pipe`` layout
-fails from its second micro-batch on (patch 0053); in the others its ZeRO-0 fp32 reports no norm (patch 0012) and
-its fp16 norm is 11% off, the update 99% (FP16_UnfusedOptimizer never scales the loss: patch 0004).
+tests/workers/pipe_tp_norm.py trains one global batch of 8 through 2 pipeline stages of 2 tensor-parallel ranks each (4
+ranks, Megatron's parallel MLP in each stage), at every micro-batch x GAS split, with the activations sent between
+stages partitioned over the tensor-parallel ranks and their gradients partitioned (``pipe_grad``, the default), whole
+(``pipe``) or neither partitioned (``whole``); without ZeRO (fp32, FP16_UnfusedOptimizer, bf16's BF16_Optimizer) and on
+ZeRO-1; collectives of the model step counted. 0.19.8 on a CPU device: the ``pipe`` layout fails from its second
+micro-batch on (patch Keep-the-pipeline-s-partitioned-activation-metadata-); in the others its ZeRO-0 fp32 reports no
+norm (patch Report-the-ZeRO-0-fp32-global-grad-norm-from-one-fus) and its fp16 norm is 11% off, the update 99%
+(FP16_UnfusedOptimizer never scales the loss: patch Scale-the-loss-for-the-fp16-optimizers-of-ZeRO-stage).
 
-In CI the ``pipe`` layout (patch 0053's path) at every split and path; the other layouts with --run-slow.
+In CI the ``pipe`` layout (patch Keep-the-pipeline-s-partitioned-activation-metadata-'s path) at every split and path;
+the other layouts with --run-slow.
 """
 
 import pytest

@@ -1,18 +1,20 @@
 # SPDX-License-Identifier: Apache-2.0
 
 # DeepSpeed Team
-"""Resuming on another number of ranks: a checkpoint written on W data-parallel ranks, loaded on R with
-``"checkpoint": {"reshard_on_load": true}`` (patch 0045), continues the writer's own run.
+"""Resuming on another number of ranks: a checkpoint written on W data-parallel ranks, loaded on R with ``"checkpoint":
+{"reshard_on_load": true}`` (patch Reshard-a-ZeRO-checkpoint-on-load-for-another-data-p), continues the writer's own
+run.
 
 Every step trains the same global batch of 8 samples, split as GAS 4 on 1 rank, 2 on 2 and 1 on 4
-(tests/workers/checkpoint_swap.py). The writer trains 3 steps, saves, and goes on 3 more; the reader builds its
-engine from other initial weights, loads, and trains the same 3. The reader's restored state (step and sample
-counters, learning rate and schedule, skipped steps, fp16's loss scaler) must equal the writer's at the save, and
-its weights after the 3 steps the writer's within fp32's rounding of another summation order (1e-6), or the
-dtype's tolerance. 0.19.8 refuses every such load with a ZeRORuntimeException (ZeRO-3 from 1 rank to 2: an
-AssertionError), so every case here fails there. Muon's momentum, and a ZeRO-3 checkpoint saved before the optimizer's
-first step (``zero3_fp16_dynamic_scale``: every step so far skipped for overflow), convert since patch 0048, and
-DeepSpeed MoE's expert-parallel experts (each rank numbers its own from 0) since patch 0049.
+(tests/workers/checkpoint_swap.py). The writer trains 3 steps, saves, and goes on 3 more; the reader builds its engine
+from other initial weights, loads, and trains the same 3. The reader's restored state (step and sample counters,
+learning rate and schedule, skipped steps, fp16's loss scaler) must equal the writer's at the save, and its weights
+after the 3 steps the writer's within fp32's rounding of another summation order (1e-6), or the dtype's tolerance.
+0.19.8 refuses every such load with a ZeRORuntimeException (ZeRO-3 from 1 rank to 2: an AssertionError), so every case
+here fails there. Muon's momentum, and a ZeRO-3 checkpoint saved before the optimizer's first step
+(``zero3_fp16_dynamic_scale``: every step so far skipped for overflow), convert since patch
+Convert-and-load-the-optimizer-s-own-states-in-unive, and DeepSpeed MoE's expert-parallel experts (each rank numbers
+its own from 0) since patch Name-DeepSpeed-MoE-s-experts-by-their-global-id-in-u.
 """
 
 from pathlib import Path

@@ -28,8 +28,9 @@ PATHS = ["zero0_fp32", "zero1_fp32", "zero2_fp32", "zero3_fp32", "zero3_allreduc
 LOSSES = ["", "_alst"]  # each SP rank's share of the loss; the loss gathered over the SP ranks
 CASES = [(ranks, f"{path}{loss}_sp2_m{m}_g{g}") for ranks in SPLITS for path in PATHS for loss in LOSSES
          for m, g in SPLITS[ranks]]
-# loss_normalization "per_item" (patch 0023): samples of 0-3 items, each rank passes its chunk's loss sum
-# and count; every SP and DP rank's items are distinct, so the counts simply add up.
+# loss_normalization "per_item" (patch Add-per-item-loss-normalization-to-ZeRO-0-BF16_Optim): samples of 0-3 items,
+# each rank passes its chunk's loss sum and count; every SP and DP rank's items are distinct, so the counts simply add
+# up.
 PER_ITEM_CASES = [(ranks, f"{path}_per_item_sp2_m{m}_g{g}") for ranks in SPLITS for path in PATHS
                   for m, g in SPLITS[ranks]]
 

@@ -1,8 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 
 # DeepSpeed Team
-"""ZeRO++ on ZeRO-3 (patches 0056, 0057): quantized gradients between nodes (qgZ) and quantized weights (qwZ, frozen
-weights stored quantized), each against fp64 PyTorch at every split of one global batch.
+"""ZeRO++ on ZeRO-3 (patches Average-ZeRO-quantized-gradients-over-every-rank-not,
+Keep-frozen-weights-stored-quantized-by-ZeRO-as-they): quantized gradients between nodes (qgZ) and quantized weights
+(qwZ, frozen weights stored quantized), each against fp64 PyTorch at every split of one global batch.
 
 tests/workers/zeropp.py (4 ranks seen as 2 nodes of 2; the quantizer as upstream's pure-torch implementation of its
 wire format, rounding as the CUDA kernel does): one SGD step without clipping at micro-batch x GAS 4x1, 2x2, 1x4 per
@@ -12,8 +13,9 @@ rank. What each promises:
   the update is exactly the fp64 gradient at the weights each micro-batch's forward used (they differ between
   micro-steps, as the prefetcher groups the gathers differently), averaged.
 - qgZ: the gradients cross nodes in 4 bits, so the update is the fp64 gradient of the batch within 4-bit
-  quantization (0.11 of its norm seen), its size kept (0.99 seen). 0.19.8 returns it times the ranks of a node
-  (patch 0056) and fails the frozen-weights cases in their first forward (patch 0057).
+  quantization (0.11 of its norm seen), its size kept (0.99 seen). 0.19.8 returns it times the ranks of a node (patch
+  Average-ZeRO-quantized-gradients-over-every-rank-not) and fails the frozen-weights cases in their first forward
+  (patch Keep-frozen-weights-stored-quantized-by-ZeRO-as-they).
 """
 
 import pytest

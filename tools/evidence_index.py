@@ -217,7 +217,8 @@ def cuda_build():
 
 
 def step_time():
-    # The offload rows were measured again after patch 0009's change (docs/evidence/performance.md): theirs replace.
+    # The offload rows were measured again after patch Take-the-ZeRO-1-2-global-grad-norm-in-one-fused-op-a's change
+    # (docs/evidence/performance.md): theirs replace.
     rows = {r["config"]: r for r in load("performance/step_time-cpu-2026-11-23.json")["rows"]}
     rows.update({r["config"]: r for r in load("performance/step_time-cpu-offload-2026-11-23.json")["rows"]})
     cpu = list(rows.values())

@@ -286,8 +286,9 @@ def checks():
                   "superoffload.json"),
         gas_check("gas-check-deepcompile-zero1", "bf16 DeepCompile with its ZeRO-1 pass", "deepcompile_zero1.json"),
         Check("deepcompile-patch-tests",
-              "the upstream-style tests of patches 0059 (DeepCompile ZeRO-1 at GAS 2, two steps) and 0061 (a head "
-              "under torch.compiler.disable) on the fork and on pristine",
+              "the upstream-style tests of the patches Flush-only-the-DeepCompile-reduce-buckets-that-hold- "
+              "(DeepCompile ZeRO-1 at GAS 2, two steps) and Refuse-gradients-DeepCompile-s-ZeRO-1-2-backward-wou (a "
+              "head under torch.compiler.disable) on the fork and on pristine",
               "each fails on pristine and passes on the fork", [
                   py, "tools/run-upstream-suite", "--tier", "patch-tests", "--files",
                   "unit/v1/compile/test_deepcompile_zero1_accumulation.py",

@@ -5,7 +5,7 @@
 
 A patch's name is its file name in ``patches/series`` without the number and ``.patch``: the number changes on
 a rebase that reorders the series, the name does not. Code asks for facts by the current numbers (``Facts``);
-texts in the file write ``{name}`` where they mean a patch, rendered as its current number.
+texts in the file write ``{name}`` where they mean a patch, rendered as its name (checked to be one of the series).
 """
 
 import re
@@ -33,7 +33,7 @@ class UpstreamTest:
     keyword: str
     tier: str  # "patch" (CI) or "full"
     patches: tuple  # current numbers
-    what: str  # rendered: {name} -> number
+    what: str  # rendered: {name} -> name
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ class Explained:
     fork: str
     pristine: str
     patches: tuple  # current numbers
-    why: str  # rendered: {name} -> number
+    why: str  # rendered: {name} -> name
 
 
 @dataclass(frozen=True)
@@ -113,8 +113,8 @@ def problems(raw, names):
 
 
 def render(text, numbers):
-    """``{name}`` -> the patch's current number."""
-    return _NAMED.sub(lambda match: numbers[match.group(1)], text)
+    """``{name}`` -> the patch's name, once ``problems`` has found it in ``numbers`` (the series)."""
+    return _NAMED.sub(lambda match: match.group(1) if match.group(1) in numbers else numbers[match.group(1)], text)
 
 
 def load(repo=REPO):

@@ -6,10 +6,10 @@
 - a ``Signed-off-by:`` trailer (upstream's DCO check rejects a commit without one);
 - a ``Test:`` paragraph naming at least one test file that exists: ours (``tests/...py`` in this
   repository) or one the patch itself adds (``tests/unit/...py`` in upstream's tree);
-- a CHANGELOG.md entry naming it ("patch 0017", any case);
+- a CHANGELOG.md entry naming it by its name (its file name without the number);
 - for a patch meant for upstream (all but those patches/facts.toml marks "not for upstream"): its own
-  upstream-style test, a ``tests/unit/.../test_*.py`` file the patch adds and its ``Test:`` paragraph
-  names, so that ``git am`` of the one patch brings fix and test (``tools/run-upstream-suite --tier patch-tests`` runs them).
+  upstream-style test, a ``tests/unit/.../test_*.py`` file the patch adds and its ``Test:`` paragraph names, so that
+  ``git am`` of the one patch brings fix and test (``tools/run-upstream-suite --tier patch-tests`` runs them).
 """
 
 import re
@@ -61,6 +61,7 @@ def problems(patch_path, repo, changelog_text, not_for_upstream=()):
     if number not in not_for_upstream and not own:
         found.append(f"{patch_path.name}: it adds no upstream-style test of its own (a tests/unit/.../test_*.py "
                      "file named in its 'Test:' paragraph)")
-    if not re.search(rf"\bpatch(es)? [0-9, and]*\b{number}\b", changelog_text, flags=re.IGNORECASE):
-        found.append(f"{patch_path.name}: CHANGELOG.md has no entry naming 'patch {number}'")
+    name = patch_path.stem.split("-", 1)[1]
+    if name not in changelog_text:
+        found.append(f"{patch_path.name}: CHANGELOG.md has no entry naming it ({name})")
     return found

@@ -166,7 +166,8 @@ def main(argv=None):
             names = export(args.dir, REPO / "patches")
             print(f"exported {len(names)} patch(es) to patches/ and {SERIES_FILE}")
         elif args.command == "check":
-            differing, lacking = check(), rule_problems()
+            from patch_mentions import numbered_mentions
+            differing, lacking = check(), rule_problems() + numbered_mentions()
             if differing:
                 print("patches/ differs from a fresh materialise+export in: " + ", ".join(differing))
                 print("run: tools/patches.py materialise && tools/patches.py export")
@@ -174,9 +175,10 @@ def main(argv=None):
                 print(problem)
             if differing or lacking:
                 return 1
-            print(f"{SERIES_FILE} is up to date: materialise+export reproduces patches/ byte for byte; every "
-                  "patch is signed off, names its test and has a CHANGELOG entry, and each for upstream adds its own "
-                  "test under tests/unit; patches/facts.toml holds every patch's facts")
+            print(
+                f"{SERIES_FILE} is up to date: materialise+export reproduces patches/ byte for byte; every "
+                "patch is signed off, names its test and has a CHANGELOG entry, and each for upstream adds its own "
+                "test under tests/unit; patches/facts.toml holds every patch's facts; no file names a patch by number")
         elif args.command == "export-prs":
             from pr_bundles import export_prs
             bundles = export_prs(args.out_dir)

@@ -45,13 +45,13 @@ def mixtral_causal_lm(seed=0):
 def let_autoep_read_the_output_capture_registry():
     """DeepSpeed 0.19.8's AutoEP retargets Transformers' router-logit recorders through the registry
     ``transformers.utils.output_capturing._CAN_RECORD_REGISTRY`` as a plain dict (``get(key, default)``,
-    ``registry[key] = entry``, keys the model classes' names). Transformers 5.23's registry is a dict whose
-    ``get`` and ``__setitem__`` take a model instead, so ``deepspeed.initialize`` of any Mixtral with AutoEP
-    raises ``TypeError: _CanRecordRegistry.get() takes 2 positional arguments but 3 were given`` on 0.19.8
-    (upstream's own ``test_hf_mixtral_causal_lm_matches_autoep_with_router_logits`` does too; the fork reads
-    the registry by key since patch 0030). Give string keys a plain dict's behaviour back, for this process, so
-    that the same cases run on 0.19.8; model keys keep Transformers'. The recorders are not what the tests here
-    check (they return no router logits)."""
+    ``registry[key] = entry``, keys the model classes' names). Transformers 5.23's registry is a dict whose ``get`` and
+    ``__setitem__`` take a model instead, so ``deepspeed.initialize`` of any Mixtral with AutoEP raises ``TypeError:
+    _CanRecordRegistry.get() takes 2 positional arguments but 3 were given`` on 0.19.8 (upstream's own
+    ``test_hf_mixtral_causal_lm_matches_autoep_with_router_logits`` does too; the fork reads the registry by key since
+    patch Read-and-restore-AutoEP-s-output-capture-registry-en). Give string keys a plain dict's behaviour back, for
+    this process, so that the same cases run on 0.19.8; model keys keep Transformers'. The recorders are not what the
+    tests here check (they return no router logits)."""
     try:
         from transformers.utils import output_capturing
     except ImportError:  # a Transformers without the registry: AutoEP does not retarget recorders then

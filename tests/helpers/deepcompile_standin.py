@@ -174,7 +174,8 @@ class DeepCompileStandIn:
         self.buckets = None
         self.process_group = None
         self.pre_div_reduce = True
-        # The native op's fix (patch 0059): a dtype with no pending task is not flushed at the end of a backward.
+        # The native op's fix (patch Flush-only-the-DeepCompile-reduce-buckets-that-hold-): a dtype with no pending
+        # task is not flushed at the end of a backward.
         self.flush_empty_skipped = True
         self.accumulate = True  # False: a control whose ZeRO-3 gradients overwrite the step's earlier ones
 
@@ -343,10 +344,11 @@ def _run_on_this_device():
 
 
 def install(flush_empty_skipped=True, accumulate=True):
-    """The stand-in as DeepCompile's native handle and as the ``torch.ops.dc`` ops DeepCompile's passes insert
-    (defined once per process, with the native op's schemas); off CUDA, DeepCompile's Python made to run on the
-    device. ``flush_empty_skipped=False``: the native op before patch 0059; ``accumulate=False``: a control whose
-    ZeRO-3 reductions overwrite the gradients of the step's earlier micro-batches. Returns the handle."""
+    """The stand-in as DeepCompile's native handle and as the ``torch.ops.dc`` ops DeepCompile's passes insert (defined
+    once per process, with the native op's schemas); off CUDA, DeepCompile's Python made to run on the device.
+    ``flush_empty_skipped=False``: the native op before patch Flush-only-the-DeepCompile-reduce-buckets-that-hold-;
+    ``accumulate=False``: a control whose ZeRO-3 reductions overwrite the gradients of the step's earlier
+    micro-batches. Returns the handle."""
     global _LIBRARY
     import deepspeed.compile.util as dc_util
 

@@ -6,25 +6,11 @@
 import importlib.machinery
 import importlib.util
 import shutil
-import subprocess
 from pathlib import Path
 
+from toolkit.files import repo_files  # noqa: F401 (the tests name it from here)
+
 REPO = Path(__file__).resolve().parents[2]
-
-
-def repo_files(root=REPO):
-    """Files git would commit (tracked plus untracked, not ignored); without git, all but build outputs."""
-    if (Path(root) / ".git").exists():
-        out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                             cwd=root,
-                             check=True,
-                             stdout=subprocess.PIPE).stdout.decode()
-        return [name for name in out.split("\0") if name and (Path(root) / name).is_file()]
-    skip = {"build", "dist", ".venv", "__pycache__", ".pytest_cache"}
-    return [
-        p.relative_to(root).as_posix() for p in Path(root).rglob("*")
-        if p.is_file() and not skip & set(p.relative_to(root).parts)
-    ]
 
 
 def is_python(name, root=REPO):

@@ -2,10 +2,10 @@
 
 # DeepSpeed Team
 """ZeRO++'s quantizer (a CUDA op) on any device: upstream's pure-torch implementation of its wire format (the NPU
-accelerator's, ``op_builder/npu/quantizer.py``), made to round as the CUDA kernel does (``__float2int_rn``: to
-nearest; 0.19.8's NPU implementation truncates toward zero, patch 0058, and pristine runs these tests too) and to
-hand back ``quantize``'s scales flat (the shape of the buffer ZeRO-3 gathers them into: gloo checks it, NCCL does
-not). ``tests/test_quantizer_wire.py`` holds it against the CUDA op on a GPU."""
+accelerator's, ``op_builder/npu/quantizer.py``), made to round as the CUDA kernel does (``__float2int_rn``: to nearest;
+0.19.8's NPU implementation truncates toward zero, patch Round-ZeRO-s-NPU-quantizer-to-nearest-as-the-CUDA-ke, and
+pristine runs these tests too) and to hand back ``quantize``'s scales flat (the shape of the buffer ZeRO-3 gathers them
+into: gloo checks it, NCCL does not). ``tests/test_quantizer_wire.py`` holds it against the CUDA op on a GPU."""
 
 
 def rounding_quantizer():

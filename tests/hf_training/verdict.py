@@ -34,8 +34,9 @@ def problems(case, outcome):
         if relative(outcome["logged_loss"][step], ref_loss) > TOLERANCE:
             found.append(f"{at}: logged loss {outcome['logged_loss'][step]:.6f}, reference {ref_loss:.6f}")
         logged_norm = outcome["logged_grad_norm"][step]
-        # Upstream's engine reports no norm for fp32 ZeRO-0, so the Trainer logs none: allowed, not
-        # checked (the fork reports it, patch 0012; tests/test_global_grad_norm.py checks that).
+        # Upstream's engine reports no norm for fp32 ZeRO-0, so the Trainer logs none: allowed, not checked (the fork
+        # reports it, patch Report-the-ZeRO-0-fp32-global-grad-norm-from-one-fus; tests/test_global_grad_norm.py checks
+        # that).
         if logged_norm is not None and relative(logged_norm, ref_norm) > TOLERANCE:
             found.append(f"{at}: logged grad_norm {logged_norm:.6f}, reference {ref_norm:.6f}")
         versus = outcome["rel_error_vs_no_deepspeed"]

@@ -16,8 +16,9 @@ head tied to the embedding). Layouts, each a way a user asks AutoTP to shard:
 - ``llama_vocab_head``: ``preset_model`` "llama" and ``vocab_parallel_lm_head``: the LM head split over the
   vocabulary, the loss over the split logits.
 - ``llama_tp_model_init``: ``preset_model`` "llama", the model passed first through ``deepspeed.tp_model_init`` with
-  the user's own tensor-parallel group (``tp.tp_group``) and dtype (``tensor_parallel.dtype``); 0.19.8 fails it on
-  rank 0 and leaves rank 1 waiting (patch 0055): against 0.19.8, leave it out of the launch.
+  the user's own tensor-parallel group (``tp.tp_group``) and dtype (``tensor_parallel.dtype``); 0.19.8 fails it on rank
+  0 and leaves rank 1 waiting (patch Print-a-config-that-holds-a-process-group-instead-of): against 0.19.8, leave it
+  out of the launch.
 - ``qwen3_tied_head``: ``preset_model`` "qwen3" on a head tied to the embedding (AutoTP chooses the vocabulary-
   parallel head itself), ``keep_module_on_host``.
 - ``llama_heuristic``: a Llama without a transformers tp_plan and no preset or rules: AutoTP's own parser finds the

@@ -109,7 +109,9 @@ def case(path, micro, gas, native_0_19_8=False, eager_head=False, accumulate=Tru
         except deepcompile_standin.NativeAssertion as err:
             engine.destroy()
             return {"aborted": str(err), "optimizer_steps": len(norms)}
-        except RuntimeError as err:  # the fork's refusal of a gradient the step would leave out (patch 0061)
+        # The fork's refusal of a gradient the step would leave out (patch
+        # Refuse-gradients-DeepCompile-s-ZeRO-1-2-backward-wou).
+        except RuntimeError as err:
             engine.destroy()
             return {"refused": str(err), "optimizer_steps": len(norms)}
         after = {name.replace("layer.", ""): value for name, value in zero_master_weights(engine).items()}

@@ -191,7 +191,7 @@ def zero_muon(stage, **extra):
 
 
 # The optimizers beside SGD and Adam (ds_gas_check --optimizer muon, adagrad, lion), clipping active. 0.19.8
-# clips Muon's orthogonalized update, not its gradient (patch 0032).
+# clips Muon's orthogonalized update, not its gradient (patch Clip-Muon-s-gradient-not-its-orthogonalized-update-u).
 CONFIGS.update({
     "zero1_fp32_muon_clip": zero_muon(1),
     "zero3_fp32_muon_clip": zero_muon(3),
@@ -210,8 +210,9 @@ def zero_with(stage, zero_keys, **extra):
     return {"zero_optimization": {"stage": stage, **zero_keys}, **extra}
 
 
-# The engine's other ways to reduce, fetch and place (docs/reference/engine_surface.md): each right at every
-# split. round_robin_gradients failed here on 0.19.8 through its fp32 fragment mapping (patch 0038).
+# The engine's other ways to reduce, fetch and place (docs/reference/engine_surface.md): each right at every split.
+# round_robin_gradients failed here on 0.19.8 through its fp32 fragment mapping (patch
+# Map-each-round-robin-ordered-parameter-to-its-own-fp).
 CLIPPED_SGD = dict(SGD, gradient_clipping=0.5)
 CONFIGS.update({
     "zero1_fp32_round_robin":
@@ -549,7 +550,7 @@ def initialised_by_apply():
     """The built-in model, its linear layers' weights initialised again through ``Module.apply`` once built (as
     transformers initialises weights a checkpoint lacks): under zero.Init the weights are partitioned by then, and
     zero.Init gathers them for ``apply`` (``override_module_apply``, the default). 0.19.8's apply returned None
-    there (patch 0052)."""
+    there (patch Return-the-module-from-Module.apply-under-zero.Init)."""
 
     def init_weights(module):
         if isinstance(module, torch.nn.Linear):
@@ -626,7 +627,8 @@ CASES["zero2_bf16_variable_items_no_reference"] = lambda: check(
     zero(2, gradient_clipping=0.5, **SGD, **BF16), items="variable", reference=False)
 CASES["control_drops_micro_batch_no_reference"] = lambda: with_backward(
     drops_last_accumulated_micro_batch, zero(3, gradient_clipping=0.5, **SGD), items="variable", reference=False)
-# Without a ZeRO optimizer (patch 0023): the count's own all-reduce, divided in the engine's.
+# Without a ZeRO optimizer (patch Add-per-item-loss-normalization-to-ZeRO-0-BF16_Optim): the count's own all-reduce,
+# divided in the engine's.
 CASES["zero0_fp32_clip_per_item_variable_items"] = lambda: check(zero(0, gradient_clipping=0.5, **PER_ITEM, **SGD),
                                                                  items="variable")
 CASES["zero1_bf16_fp32_accum_per_item_variable_items"] = lambda: check(

@@ -237,10 +237,11 @@ class WithUnusedParameter(torch.nn.Module):
 
 
 def unused_parameter_case(ignore):
-    """ZeRO-2 with CPU offload and a trainable parameter unused in producing the loss: upstream's offload
-    norm asserts, naming ``zero_optimization.ignore_unused_parameters``, unless that option is true; then
-    it takes the norm of the used parameters. The single collective replaced that norm (patch 0009 keeps
-    the check). Returns the assertion's message (None when none was raised) and the norm."""
+    """ZeRO-2 with CPU offload and a trainable parameter unused in producing the loss: upstream's offload norm asserts,
+    naming ``zero_optimization.ignore_unused_parameters``, unless that option is true; then it takes the norm of the
+    used parameters. The single collective replaced that norm (patch
+    Take-the-ZeRO-1-2-global-grad-norm-in-one-fused-op-a keeps the check). Returns the assertion's message (None when
+    none was raised) and the norm."""
 
     def run():
         layers = make_layers()

@@ -6,10 +6,10 @@ training steps, against fp64 PyTorch: each step generates from a prompt (greedy,
 global batch of 8 at a micro-batch x GAS split of the rank's 4 samples.
 
 The model is the tests' tiny Hugging Face ``MistralForCausalLM`` (``hf_training.tiny_models``), which no DeepSpeed
-inference policy matches: the engine generates on the model's own path (patch 0054), its ZeRO-3 partitions gathered
-for it. Each case reports whether every step's tokens equal what the fp64 reference's weights of that step generate
-in the engine's dtype, and, after 2 steps, the grad norm and the weights against the reference's (SGD, clipping below
-the norm). Variants:
+inference policy matches: the engine generates on the model's own path (patch
+Let-the-hybrid-engine-generate-on-a-model-s-own-path), its ZeRO-3 partitions gathered for it. Each case reports whether
+every step's tokens equal what the fp64 reference's weights of that step generate in the engine's dtype, and, after 2
+steps, the grad norm and the weights against the reference's (SGD, clipping below the norm). Variants:
 
 - ``zero3_fp32``: ZeRO-3, the hybrid engine's defaults (``pin_parameters``: every layer gathered at once).
 - ``zero3_fp32_unpinned``: ``pin_parameters`` false (ZeRO-3 fetches each layer as it runs).

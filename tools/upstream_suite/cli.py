@@ -461,7 +461,8 @@ def run_prefixes(args, tests_dir, work_dir, results_dir, tests_sha256, added, pi
             site = prefixes.package_copy(tree, work_dir / "site")
             side = prefixes.side_of(prefix, python, site, extensions)
             # Every test file the prefix's bundles add is there, as in the tree: a patch's test may import
-            # an earlier patch's (0010-0012's import 0009's helpers); only the patch's own test runs.
+            # an earlier patch's (the ZeRO and fp16 norm patches' tests import the norm helper patch's); only the patch's
+            # own test runs.
             laid = [test for test in added if test.number <= prefix.number]
             scratch = scratch_copy(tests_dir, work_dir, side.name, side.package_dir, tests_sha256, laid)
             for unit in todo:

@@ -31,6 +31,11 @@ class PatchTest:
     def number(self):
         return self.patch.split("-", 1)[0]
 
+    @property
+    def name(self):
+        """The patch's name: its stem without the number, which a reordered series changes."""
+        return self.patch.split("-", 1)[1]
+
 
 class PatchTestError(Exception):
     """A patch whose added test file cannot be read back from its diff (the message names both)."""
@@ -154,5 +159,5 @@ def as_markdown(rows):
         skipped = len(skipped_on_both(pristine, fork))
         if ok and skipped:
             verdict += f" ({skipped} skipped on both)"
-        lines.append(f"| {test.number} | `tests/{test.path}` | {tally(pristine)} | {tally(fork)} | {verdict} |")
+        lines.append(f"| {test.name} | `tests/{test.path}` | {tally(pristine)} | {tally(fork)} | {verdict} |")
     return "\n".join(lines)

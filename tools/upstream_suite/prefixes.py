@@ -92,12 +92,13 @@ def verdict_text(outcomes, ok):
 
 def as_markdown(rows):
     lines = [
-        *tables.header(["patches applied", "its upstream-style test", "outcome on that prefix", "verdict"]),
+        *tables.header(["the series up to", "its upstream-style test", "outcome on that prefix", "verdict"]),
     ]
     for prefix, outcomes, ok in rows:
         files = "; ".join(f"`tests/{test.path}`" for test in prefix.tests) or "(none)"
         lines.append(
-            f"| 0001-{prefix.number} | {files} | {patch_tests.tally(outcomes)} | {verdict_text(outcomes, ok)} |")
+            f"| {prefix.bundle.name.split('-', 1)[1]} | {files} | {patch_tests.tally(outcomes)} | {verdict_text(outcomes, ok)} |"
+        )
     return "\n".join(lines)
 
 
