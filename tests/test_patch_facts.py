@@ -59,11 +59,11 @@ def test_the_check_finds_a_number_and_a_bad_name(tmp_path):
 
 
 def test_docs_show_each_patchs_upstream_state():
-    """docs/reference/patches.md's upstream column is the facts' upstream, row by row."""
-    import re
+    """The patch tables' upstream column (docs/reference/patches_*.md) is the facts' upstream, row by row."""
+    from helpers.patch_tables import patch_rows
     facts = patch_facts.load()
-    rows = re.findall(r"^\| `([^`]+)` \| (.*) \|$", (REPO / "docs" / "reference" / "patches.md").read_text(), re.M)
-    shown = {facts.numbers[name]: [cell.strip() for cell in rest.split(" | ")][2] for name, rest in rows}
+    rows, _ = patch_rows()
+    shown = {facts.numbers[name]: cells[2] for name, cells in rows.items()}
     assert shown == {number: facts.upstream(number) for number in facts.patches}
 
 
