@@ -5,7 +5,7 @@
 """Time of one global grad norm over gradient sets shaped like GPT-2 125M and 350M, fp32 and bf16.
 
 Side by side in one run: the installed deepspeed (this fork: the fused_norm op) and, with
-``--upstream-python``, pristine upstream run by that interpreter on the same shapes. Columns:
+``--pristine-python``, pristine upstream run by that interpreter on the same shapes. Columns:
 
 - fused op: ``deepspeed.ops.fused_norm.sum_of_squares`` (the fork), with a SumOfSquaresPlan kept
   across calls as the engine keeps it (``benchmarks/norm_host_time.py`` times the call with and
@@ -28,7 +28,7 @@ CUDA each timing is the mean of ``--inner`` back-to-back calls (one sync at the 
 "fused GPU-busy" is the device time of one call (its kernels and the copy of its plan, from the
 profiler): the op's cost to the GPU, without the host's launch overhead, which bounds small sets.
 
-    python benchmarks/grad_norm_speed.py --upstream-python "$(tools/test-against-upstream --venv 0.19.8)"
+    python benchmarks/grad_norm_speed.py --pristine-python "$(tools/test-against-upstream --venv 0.19.8)"
 """
 
 import argparse
@@ -41,7 +41,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-from toolkit import tables  # noqa: E402
+from toolkit import options, tables  # noqa: E402
 
 MODELS = {"gpt2-125m": (768, 12), "gpt2-350m": (1024, 24)}  # hidden, layers (vocab 50257, context 1024)
 
@@ -197,8 +197,8 @@ def main():
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cpu", "cuda"])
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--inner", type=int, help="calls per timing (default: 20 on cuda, 1 on cpu)")
-    parser.add_argument("--upstream-python", help="interpreter with pristine upstream deepspeed installed")
-    parser.add_argument("--json", action="store_true", help="print raw results as JSON (used for --upstream-python)")
+    options.add_sides(parser, fork=False, pristine_help="interpreter with pristine upstream deepspeed installed")
+    parser.add_argument("--json", action="store_true", help="print raw results as JSON (used for --pristine-python)")
     args = parser.parse_args()
     inner = args.inner or (20 if args.device == "cuda" else 1)
     results = measure(args.device, args.repeat, inner)
@@ -206,9 +206,9 @@ def main():
         print(json.dumps(results))
         return
     upstream = None
-    if args.upstream_python:
+    if args.pristine_python:
         proc = subprocess.run([
-            args.upstream_python, __file__, "--json", "--device", args.device, "--repeat",
+            args.pristine_python, __file__, "--json", "--device", args.device, "--repeat",
             str(args.repeat), "--inner",
             str(inner)
         ],

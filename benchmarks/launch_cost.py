@@ -3,7 +3,7 @@
 
 # DeepSpeed Team
 """What starting ranks costs the tests: a launch of ranks that import nothing, through the installed ``deepspeed``
-launcher and through ``tests/helpers/local_ranks.py`` (the tests' default), in turns.
+launcher and through ``tools/toolkit/local_ranks.py`` (the tests' default), in turns.
 
 The ranks are ``tests/workers/launch_probe.py`` (no torch), so the difference is what each way runs above them:
 wall time and the CPU time of every process it started.
@@ -22,10 +22,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 
 from toolkit import REPO, tables  # noqa: E402
-from helpers.launch import deepspeed_command, local_ranks_command, run_launcher  # noqa: E402
+from toolkit.launch import deepspeed_command, local_ranks_command, run_launcher  # noqa: E402
 
 PROBE = REPO / "tests" / "workers" / "launch_probe.py"
-WAYS = {"deepspeed launcher": deepspeed_command, "tests/helpers/local_ranks.py": local_ranks_command}
+WAYS = {"deepspeed launcher": deepspeed_command, "tools/toolkit/local_ranks.py": local_ranks_command}
 
 
 def children_cpu():

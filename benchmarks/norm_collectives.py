@@ -5,7 +5,7 @@
 """Reducing collectives and host reads (``Tensor.item``) in one optimizer step, per engine path.
 
 Runs tests/workers/global_grad_norm.py (2 CPU ranks, a 6-parameter model in 2 optimizer groups,
-GAS 2) with the installed deepspeed and, with ``--upstream-python``, with pristine upstream in the
+GAS 2) with the installed deepspeed and, with ``--pristine-python``, with pristine upstream in the
 same run; prints both side by side. Counts are of the boundary ``engine.step()``, that is the norm and
 the inf/nan check, and of the boundary ``backward()``, where the engine all-reduces the gradients
 without ZeRO (ZeRO-1 does it in the step, ZeRO-2 in every backward, in both modes alike). Beside them
@@ -14,7 +14,7 @@ the norm's collective and comes back in its host read; without a ZeRO optimizer 
 BF16_Optimizer) it rides in the first gradient bucket's all-reduce, and the step reads it back once
 (one host read more). The collectives are mean mode's on every path.
 
-    python benchmarks/norm_collectives.py --upstream-python "$(tools/test-against-upstream --venv 0.19.8)"
+    python benchmarks/norm_collectives.py --pristine-python "$(tools/test-against-upstream --venv 0.19.8)"
 """
 
 import argparse
@@ -39,7 +39,7 @@ PER_ITEM = CASES
 
 def measure(extensions_dir):
     import deepspeed
-    from helpers.launch import launch_cases
+    from toolkit.launch import launch_cases
     # Pristine DeepSpeed has no per_item mode.
     cases = CASES + ([f"{case}_per_item" for case in PER_ITEM] if "gafix" in deepspeed.__version__ else [])
     result = launch_cases(REPO / "tests" / "workers" / "global_grad_norm.py",
@@ -64,7 +64,7 @@ def collectives(row):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--upstream-python", help="interpreter with pristine upstream deepspeed installed")
+    options.add_sides(parser, fork=False, pristine_help="interpreter with pristine upstream deepspeed installed")
     options.add_extensions_dir(parser)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
@@ -74,8 +74,8 @@ def main():
             print(json.dumps(fork))
             return
         upstream = None
-        if args.upstream_python:
-            command = [args.upstream_python, __file__, "--json"]
+        if args.pristine_python:
+            command = [args.pristine_python, __file__, "--json"]
             if args.extensions_dir:
                 command += ["--extensions-dir", args.extensions_dir + "-upstream"]
             proc = subprocess.run(command, capture_output=True, text=True, check=True)

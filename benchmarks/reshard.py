@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 
 from toolkit import REPO, tables  # noqa: E402
-from helpers.launch import deepspeed_command, run_launcher  # noqa: E402
+from toolkit.launch import deepspeed_command, run_launcher  # noqa: E402
 
 WORKER = REPO / "benchmarks" / "reshard_worker.py"
 GIB = 2**30

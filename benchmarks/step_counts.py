@@ -201,7 +201,7 @@ class Engine:
 
 def run_config(name, seed_extra_op=False):
     from deepspeed.accelerator import get_accelerator
-    from helpers.collectives import CollectiveCounter
+    from toolkit.collectives import CollectiveCounter
     accelerator = get_accelerator()
     fp16_supported = accelerator.is_fp16_supported
     if CONFIGS[name][1] == "fp16":  # the engine's fp16 paths are device-independent; the CPU one reports none

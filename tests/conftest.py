@@ -9,16 +9,14 @@ unless ``--run-slow``).
 
 import importlib.metadata
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
-# The maintainers' tools are modules under tools/ that tests import by name (gpu_check, patches, upstream_suite);
-# toolkit appends the repository's other roots (gafix_build), after the installed packages, so the repository's
-# deepspeed/ overlay never shadows the installed deepspeed.
-sys.path.append(str(Path(__file__).resolve().parents[1] / "tools"))
-import toolkit  # noqa: E402,F401
+# The maintainers' tools are modules under tools/ that tests import by name (gpu_check, patches, upstream_suite), on
+# sys.path through pyproject.toml's pytest pythonpath; toolkit appends the build backend's root (gafix_build), after
+# the installed packages, so the repository's deepspeed/ overlay never shadows the installed deepspeed.
+import toolkit  # noqa: F401
 
 # Run first, costliest first (CI's times by module: tools/ci-time); the other modules follow in their own order. With
 # README's two pytest-xdist workers (-n 2 --dist loadfile: a module's tests, and the launch they share, stay on one

@@ -16,7 +16,7 @@ import importlib.util
 
 import pytest
 
-from helpers.launch import accelerate_command, launch_cases
+from toolkit.launch import accelerate_command, launch_cases
 from helpers.rank_results import assert_norm_matches, assert_update_matches
 from helpers.repo import REPO
 

@@ -24,7 +24,7 @@ import os
 
 import pytest
 
-from helpers.launch import launch_cases
+from toolkit.launch import launch_cases
 from helpers.rank_results import assert_collectives, assert_norm_matches, assert_update_matches, tolerance
 from helpers.repo import REPO
 from helpers.selection import selected_params

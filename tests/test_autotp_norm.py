@@ -14,7 +14,7 @@ the TP ranks, on the CPU, or in contiguous buffers).
 
 import pytest
 
-from helpers.launch import LaunchesByRanks
+from toolkit.launch import LaunchesByRanks
 from helpers.rank_results import assert_collectives, assert_norm_matches, assert_update_matches
 from helpers.repo import REPO
 from helpers.selection import cases_by_ranks

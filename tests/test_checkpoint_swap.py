@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from helpers.continuation import TOLERANCE, dtype_of, relative_error
-from helpers.launch import launch_cases, local_ranks_command
+from toolkit.launch import launch_cases, local_ranks_command
 from helpers.pristine import pristine_python
 from helpers.selection import selected_params
 from helpers.universal import to_universal_command

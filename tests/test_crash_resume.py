@@ -27,7 +27,7 @@ import pytest
 import torch
 
 from helpers.continuation import TOLERANCE, dtype_of, relative_error
-from helpers.launch import deepspeed_command, launch_cases, run_launcher
+from toolkit.launch import deepspeed_command, launch_cases, run_launcher
 from helpers.selection import selected_params
 
 WORKER = Path(__file__).parent / "workers" / "crash_resume.py"

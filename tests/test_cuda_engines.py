@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from helpers.gas_results import assert_single_rank_splits_pass
-from helpers.launch import launch_cases
+from toolkit.launch import launch_cases
 from helpers.repo import REPO
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")

@@ -6,7 +6,7 @@ verdict in each mode."""
 
 import pytest
 
-from helpers.launch import deepspeed_command, run_launcher
+from toolkit.launch import deepspeed_command, run_launcher
 from helpers.repo import REPO
 
 

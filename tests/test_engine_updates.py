@@ -18,7 +18,7 @@ Regression tests for three bugs of deepspeed 0.19.8 (all fail on it, see tools/t
 
 import pytest
 
-from helpers.launch import launch_cases
+from toolkit.launch import launch_cases
 from helpers.repo import REPO
 
 WORKER = REPO / "tests" / "workers" / "engine_updates.py"

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from helpers.gas_results import assert_single_rank_splits_pass, describe
-from helpers.launch import launch_cases
+from toolkit.launch import launch_cases
 from helpers.repo import REPO
 from helpers.selection import params_of, selected_items, selected_params
 

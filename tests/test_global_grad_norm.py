@@ -17,7 +17,7 @@ import math
 
 import pytest
 
-from helpers.launch import LaunchError, launch_cases
+from toolkit.launch import LaunchError, launch_cases
 from helpers.rank_results import assert_collectives, assert_norm_matches
 from helpers.repo import REPO
 

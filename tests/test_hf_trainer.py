@@ -18,7 +18,7 @@ the module is skipped, or fails where DS_GAFIX_REQUIRE_HF=1 (CI) says they must 
 import pytest
 
 from helpers.hf_required import require_transformers_and_accelerate
-from helpers.launch import launch_cases
+from toolkit.launch import launch_cases
 from helpers.repo import REPO
 from helpers.selection import selected_callspecs
 

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 
 # DeepSpeed Team
-"""The tests' own way of starting ranks (tests/helpers/local_ranks.py) starts them as the installed ``deepspeed``
+"""The tests' own way of starting ranks (tools/toolkit/local_ranks.py) starts them as the installed ``deepspeed``
 launcher does on one node: the same environment and interpreter arguments for each rank, a failed rank ends the
 launch with its code; and with no torch-importing process above the ranks, where the launcher has two."""
 
@@ -12,8 +12,8 @@ import time
 import psutil
 import pytest
 
-from helpers.launch import deepspeed_command, local_ranks_command, run_launcher
-from helpers.local_ranks import RANK_VARIABLES
+from toolkit.launch import deepspeed_command, local_ranks_command, run_launcher
+from toolkit.local_ranks import RANK_VARIABLES
 from helpers.repo import REPO
 
 PROBE = REPO / "tests" / "workers" / "launch_probe.py"

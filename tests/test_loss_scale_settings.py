@@ -16,7 +16,7 @@ hysteresis: upstream's own tests (half_precision/test_dynamic_loss_scale.py) pin
 
 import pytest
 
-from helpers.launch import launch_cases
+from toolkit.launch import launch_cases
 from helpers.repo import REPO
 
 WORKER = REPO / "tests" / "workers" / "loss_scale_settings.py"

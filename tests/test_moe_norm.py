@@ -13,7 +13,7 @@ its norm (and, before patch Scale-the-loss-for-the-fp16-optimizers-of-ZeRO-stage
 
 import pytest
 
-from helpers.launch import LaunchesByRanks
+from toolkit.launch import LaunchesByRanks
 from helpers.rank_results import assert_collectives, assert_norm_matches, assert_update_matches, tolerance
 from helpers.repo import REPO
 from helpers.selection import cases_by_ranks

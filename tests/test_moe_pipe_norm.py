@@ -12,7 +12,7 @@ and 0.19.8 side by side.
 
 import pytest
 
-from helpers.launch import LaunchesByRanks
+from toolkit.launch import LaunchesByRanks
 from helpers.rank_results import assert_collectives, assert_norm_matches, assert_update_matches, tolerance
 from helpers.repo import REPO
 from test_moe_norm import NORM_TOLERANCE, UPDATE_TOLERANCE

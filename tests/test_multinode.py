@@ -30,7 +30,7 @@ import pytest
 import torch
 
 from helpers.continuation import TOLERANCE, dtype_of, relative_error
-from helpers.launch import installed_script, launch_cases
+from toolkit.launch import installed_script, launch_cases, rank_pythonpath
 from helpers.nodes import NODE_INTERFACE, Nodes, require_nodes
 from helpers.repo import REPO
 from helpers.shell_values import NOT_IN_ENV_FILE, VALUES, filled
@@ -60,7 +60,9 @@ def _record(case, outcome):
 def start_on_node(nodes, deepspeed, args, cwd, env=None, node=0):
     """The runner ``deepspeed args`` started on ``node`` in ``cwd``, as a user logged in there starts it; its output
     goes to ``cwd``/runner.log. -> the local ssh process."""
-    env_words = [f"{name}={value}" for name, value in (env or {}).items()]
+    # A rank's script imports the tests' helpers; the runner passes PYTHONPATH on to the other nodes.
+    env = {"PYTHONPATH": rank_pythonpath(), **(env or {})}
+    env_words = [f"{name}={value}" for name, value in env.items()]
     argv = ["sh", "-c", 'cd "$1" && shift && exec "$@"', "launch", str(cwd), "env", *env_words, deepspeed, *args]
     with open(Path(cwd) / "runner.log", "wb") as log:
         return subprocess.Popen(nodes.ssh_command(node, argv), stdout=log, stderr=subprocess.STDOUT)

@@ -14,8 +14,8 @@ and takes 2-3 collectives.
 import pytest
 import torch
 
-from helpers.launch import LaunchesByRanks
-from helpers.optimizer_criteria import collectives, problems
+from toolkit.launch import LaunchesByRanks
+from optimizer_criteria import collectives, problems
 from helpers.repo import REPO
 from helpers.selection import params_of, selected_items
 

@@ -11,7 +11,7 @@ CI runs 2 ranks; 1 and 4 ranks are --run-slow.
 
 import pytest
 
-from helpers.launch import LaunchesByRanks
+from toolkit.launch import LaunchesByRanks
 from helpers.repo import REPO
 from helpers.selection import selected_callspecs
 

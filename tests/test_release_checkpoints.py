@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers.launch import launch_cases
+from toolkit.launch import launch_cases
 from helpers.repo import REPO
 from test_safe_checkpoints import CI_CONFIGS, WORKER, deep_equal, tag_files
 

@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from helpers.continuation import TOLERANCE, dtype_of, relative_error
-from helpers.launch import launch_cases
+from toolkit.launch import launch_cases
 from helpers.selection import selected_callspecs
 
 WORKER = Path(__file__).parent / "workers" / "checkpoint_swap.py"

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers.launch import launch_cases
+from toolkit.launch import launch_cases
 from helpers.universal import to_universal_command
 
 WORKER = Path(__file__).parent / "workers" / "checkpoint_swap.py"

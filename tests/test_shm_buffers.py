@@ -9,7 +9,7 @@ have mapped the buffers (patch "Remove the CPU shm all-reduce buffers' names onc
 
 import pytest
 
-from helpers.launch import launch_cases
+from toolkit.launch import launch_cases
 from helpers.repo import REPO
 
 WORKER = REPO / "tests" / "workers" / "shm_buffers.py"

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from helpers.launch import deepspeed_command, launch_cases
+from toolkit.launch import deepspeed_command, launch_cases
 from helpers.repo import REPO
 
 WORKER = REPO / "tests" / "workers" / "gas_splits.py"

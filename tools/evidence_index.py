@@ -178,7 +178,7 @@ def client_tier():
 
 
 def optimizers():
-    # The verdicts are tools/optimizer-table's own, from its pass criteria (tests/helpers/optimizer_criteria.py).
+    # The verdicts are tools/optimizer-table's own, from its pass criteria (tools/optimizer_criteria.py).
     sides = load("optimizers/results.json")["sides"]
     fork, pristine = (optimizer_table.tally(sides[side]["cases"]) for side in ("fork", "pristine"))
     return (f"every optimizer x ZeRO stage (+ offload), 3 clipped steps against fp64: fork {fork[0]} pass, "

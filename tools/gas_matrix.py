@@ -18,7 +18,7 @@ import argparse
 import tempfile
 
 from toolkit import REPO, options, tables
-from helpers.launch import launch_cases
+from toolkit.launch import launch_cases
 import parallel_matrix
 
 

@@ -21,7 +21,7 @@ import sys
 import tempfile
 
 from toolkit import REPO, options, tables
-from helpers.launch import launch_cases
+from toolkit.launch import launch_cases
 from hf_training import cases
 from hf_training.trainer_run import BACKENDS
 from hf_training.verdict import TOLERANCE, problems

@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 
 from toolkit import REPO, options, tables
-from helpers.launch import launch_cases, local_ranks_command
+from toolkit.launch import launch_cases, local_ranks_command
 
 WORKERS = {
     "moe": REPO / "tests" / "workers" / "moe_norm.py",

@@ -8,7 +8,7 @@ clipped steps against fp64 PyTorch, on the fork and on pristine upstream (same t
     tools/optimizer-table --report-only        the report again from results.json
     tools/optimizer-table --cases Muon_zero1_fp32,SGD_zero3_fp32 --out /tmp/opt
 
-The cases and their references are tests/workers/optimizer_updates.py; pass criteria tests/helpers/optimizer_criteria.py.
+The cases and their references are tests/workers/optimizer_updates.py; pass criteria tools/optimizer_criteria.py.
 Each install runs every case in one 2-rank launch: about 1.5 minutes each on 2 CPU cores, once DeepSpeed's CPU
 Adam, Adagrad and Lion ops are built (their JIT builds, the first time: about 10 minutes).
 """
@@ -21,8 +21,8 @@ import time
 from pathlib import Path
 
 from toolkit import REPO, options, tables
-from helpers.launch import launch_cases, local_ranks_command
-from helpers.optimizer_criteria import collectives, dtype_of, problems
+from toolkit.launch import launch_cases, local_ranks_command
+from optimizer_criteria import collectives, dtype_of, problems
 from toolkit.sides import pristine_python
 
 WORKER = REPO / "tests" / "workers" / "optimizer_updates.py"
@@ -96,7 +96,7 @@ def report(results):
         f"{results['date']}.", "",
         "Each cell: verdict, worst relative error of the weights' change over 3 steps (both micro-batch x GAS "
         "splits, 8x1 and 2x4), worst relative gap of the reported grad norm to the gradient's, and the most "
-        "reducing collectives of a boundary `step()`. Criteria: tests/helpers/optimizer_criteria.py.", "",
+        "reducing collectives of a boundary `step()`. Criteria: tools/optimizer_criteria.py.", "",
         *tables.header(["case", "dtype", "fork", "pristine 0.19.8"])
     ]
     for case in cases:

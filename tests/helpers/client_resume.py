@@ -7,7 +7,7 @@ what the resumed run must share with the one that never stopped."""
 
 import pytest
 
-from helpers.launch import launch_cases
+from toolkit.launch import launch_cases
 from helpers.selection import selected_params
 
 

@@ -6,6 +6,7 @@
 import importlib.machinery
 import importlib.util
 import shutil
+import sys
 from pathlib import Path
 
 from toolkit.files import repo_files  # noqa: F401 (the tests name it from here)
@@ -29,10 +30,12 @@ def python_files(root=REPO):
 
 
 def load_script(relative):
-    """One of our scripts (benchmarks/step_time.py) as a module, to test its functions."""
+    """One of our scripts (benchmarks/step_time.py, examples/gas_demo.py) as a module, to test or use its functions;
+    registered under its name, so that what it defines pickles and copies as a module's would."""
     name = Path(relative).stem.replace("-", "_")
     loader = importlib.machinery.SourceFileLoader(name, str(REPO / relative))
     module = importlib.util.module_from_spec(importlib.util.spec_from_loader(name, loader))
+    sys.modules[name] = module
     loader.exec_module(module)
     return module
 

@@ -5,7 +5,7 @@
 name ``<labels joined by _>_m<micro>_g<gas>``. One launch per rank count serves every selected test of a module
 (``launch.LaunchesByRanks``, its cases those pytest selected: ``selection.cases_by_ranks``)."""
 
-from helpers.launch import LaunchesByRanks
+from toolkit.launch import LaunchesByRanks
 from helpers.selection import cases_by_ranks
 
 

@@ -18,10 +18,6 @@ averaged over the accumulation steps (what the engine's 1/GAS scaling gives), an
 
 import copy
 import os
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 

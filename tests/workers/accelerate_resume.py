@@ -16,10 +16,7 @@ looks for a GPU) and would give every one of them all the rows; on GPUs its prep
 
 import argparse
 import os
-import sys
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 

@@ -28,10 +28,6 @@ Case names are ``<path>_m<micro>_g<gas>``; the layout is the worker's argument (
 """
 
 import argparse
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
@@ -39,7 +35,7 @@ import deepspeed  # noqa: E402
 import deepspeed.comm as dist  # noqa: E402
 from helpers import autoep_hf_model, autoep_model  # noqa: E402
 from helpers.autoep_model import IN, OUT, MixtralNet, original_layout  # noqa: E402
-from helpers.collectives import train_step_counting_collectives  # noqa: E402
+from toolkit.collectives import train_step_counting_collectives  # noqa: E402
 from helpers.engine_paths import BF16, ZERO_PATHS, relative_update_error  # noqa: E402
 from helpers.rank_cases import force_fp16_on_cpu, run_cases  # noqa: E402
 from helpers.small_model import micro_batches, mse, rank_share, sgd_config  # noqa: E402

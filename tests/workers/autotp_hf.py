@@ -31,11 +31,6 @@ head tied to the embedding). Layouts, each a way a user asks AutoTP to shard:
 Weights are compared gathered (``GatherReplacedLayerParams``). Case names ``<layout>_<path>_m<micro>_g<gas>``.
 """
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 import torch  # noqa: E402
 
 import deepspeed  # noqa: E402

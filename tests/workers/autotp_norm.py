@@ -12,16 +12,12 @@ count per shard, replicated ones once. Case names: ``<path>_m<micro>_g<gas>``; o
 
 import copy
 import os
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
 import deepspeed  # noqa: E402
 import deepspeed.comm as dist  # noqa: E402
-from helpers.collectives import train_step_counting_collectives  # noqa: E402
+from toolkit.collectives import train_step_counting_collectives  # noqa: E402
 from helpers.engine_paths import relative_update_error  # noqa: E402
 from helpers.rank_cases import run_cases  # noqa: E402
 from helpers.small_model import (

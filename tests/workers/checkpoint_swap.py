@@ -18,10 +18,7 @@ data-parallel ranks), and micro-batch k of the step is the same data on any numb
 """
 
 import argparse
-import sys
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 

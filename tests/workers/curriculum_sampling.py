@@ -13,11 +13,7 @@ hardest of them, and the weights against an fp64 reference trained on the same g
 the norm). Case names ``<path>_m<micro>_g<gas>``.
 """
 
-import sys
 import tempfile
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402

@@ -19,10 +19,6 @@ DS_TEST_DEEPCOMPILE_NATIVE set (``tools/gpu-check``, one GPU) the native op itse
 """
 
 import os
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
@@ -133,10 +129,9 @@ def gas_check_case(stage):
 
     def run():
         from deepspeed.gafix.gas_check import check_gas_invariance
-        from helpers.repo import REPO, load_script
+        from helpers.repo import load_script
         if not os.environ.get(NATIVE):
             deepcompile_standin.install()
-        sys.path.insert(0, str(REPO / "tools"))  # gpu_check's own imports
         config = load_script("tools/gpu_check.py").deepcompile(stage)
         return [{
             "split": result.name,

@@ -9,10 +9,6 @@ least-squares factor between the observed and the expected update (1.0 when righ
 """
 
 import copy
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 

@@ -16,7 +16,6 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
 
 try:
     from deepspeed.gafix import gas_check
@@ -28,6 +27,7 @@ import torch  # noqa: E402
 
 from deepspeed.runtime.engine import DeepSpeedEngine  # noqa: E402
 from helpers.rank_cases import force_fp16_on_cpu, run_cases  # noqa: E402
+from helpers.repo import load_script  # noqa: E402
 
 TORCH_LINEAR = torch.nn.functional.linear  # before any ZeRO-3 engine replaces it (zero_init below)
 NO_CLIP = {"gradient_clipping": 0.0}
@@ -672,8 +672,7 @@ CASES["zero3_fp32_leaf_module_small_buckets"] = lambda: check(
 
 def user_pipeline_transformer():
     """examples/gas_check_transformer.py's PipelineModule and token batches, as --model/--data give them."""
-    sys.path.insert(0, str(HERE.parents[1] / "examples"))
-    import gas_check_transformer as example
+    example = load_script("examples/gas_check_transformer.py")
     return check(dict(gradient_clipping=0.2, **SGD),
                  make_model=example.make_pipeline,
                  pipeline_stages=2,

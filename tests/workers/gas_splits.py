@@ -4,14 +4,11 @@
 """Rank worker: examples/gas_demo.py's split comparison on several engine paths, in one launch."""
 
 import functools
-import sys
-from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE.parent), str(HERE.parents[1] / "examples")]
+from helpers.rank_cases import run_cases
+from helpers.repo import load_script
 
-from gas_demo import compare_splits  # noqa: E402
-from helpers.rank_cases import run_cases  # noqa: E402
+compare_splits = load_script("examples/gas_demo.py").compare_splits
 
 CONFIGS = {
     "zero0_fp32": (0, "fp32"),

@@ -12,16 +12,12 @@ issues one collective per group there, so the stages wait on each other forever)
 """
 
 import copy
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
 import deepspeed  # noqa: E402
 import deepspeed.comm as dist  # noqa: E402
-from helpers.collectives import CollectiveCounter, train_step_counting_collectives  # noqa: E402
+from toolkit.collectives import CollectiveCounter, train_step_counting_collectives  # noqa: E402
 from helpers.engine_paths import BF16, FP16, relative_update_error  # noqa: E402
 from helpers.moe_model import MoENet, fp64_gradients, fp64_norm  # noqa: E402
 from helpers.rank_cases import force_fp16_on_cpu, run_cases  # noqa: E402

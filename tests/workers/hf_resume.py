@@ -10,10 +10,7 @@ DIR/<stage>-on<world size>. Cases: ``uninterrupted/zero<N>`` trains from the sta
 """
 
 import argparse
-import sys
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import deepspeed.comm as dist  # noqa: E402
 from helpers.rank_cases import run_cases  # noqa: E402

@@ -8,10 +8,7 @@ the applied gradient's norm, factor and relative error against the fp64 referenc
 same split without DeepSpeed, the optimizer hook's norm, and what the Trainer logged.
 """
 
-import sys
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import deepspeed.comm as dist  # noqa: E402
 from helpers.rank_cases import run_cases  # noqa: E402

@@ -22,10 +22,6 @@ Case names ``<variant>_m<micro>_g<gas>``.
 """
 
 import copy
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 

@@ -9,13 +9,7 @@ inf loss. It reports the loss scale after every step, the engine's skipped-step 
 the same engine's weights after the 5 clean steps alone: a skipped step must leave no trace in the weights.
 """
 
-import sys
-from pathlib import Path
-
 import torch
-
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
 
 import deepspeed  # noqa: E402
 import deepspeed.comm as dist  # noqa: E402

@@ -9,14 +9,9 @@ on 2 ranks every rank holds a different expert; on 4 ranks each expert has 2 dat
 which must count once. SGD, so the update shows the clip coefficient (Adam's first step does not).
 """
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 import deepspeed  # noqa: E402
 import deepspeed.comm as dist  # noqa: E402
-from helpers.collectives import train_step_counting_collectives  # noqa: E402
+from toolkit.collectives import train_step_counting_collectives  # noqa: E402
 from helpers.engine_paths import BF16, FP16, relative_update_error  # noqa: E402
 from helpers.moe_model import MoENet, fp64_gradients, fp64_norm  # noqa: E402
 from helpers.rank_cases import force_fp16_on_cpu, run_cases  # noqa: E402

@@ -12,16 +12,11 @@ expert parallel 2 (each data-parallel rank of a stage holds a different expert).
 ``b`` starts from the shared weights plus ``0.1 * (e + 1) * b``. Case names ``<path>_m<micro>_g<gas>``.
 """
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 import torch  # noqa: E402
 
 import deepspeed  # noqa: E402
 import deepspeed.comm as dist  # noqa: E402
-from helpers.collectives import pipeline_batch_counting_collectives  # noqa: E402
+from toolkit.collectives import pipeline_batch_counting_collectives  # noqa: E402
 from helpers.engine_paths import BF16, FP16, relative_update_error  # noqa: E402
 from helpers.moe_model import forget_expert_groups, linear, top1_moe  # noqa: E402
 from helpers.rank_cases import force_fp16_on_cpu, run_cases  # noqa: E402

@@ -28,16 +28,11 @@ out:
 Case names are ``<layout>_<path>_m<micro>_g<gas>``.
 """
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 import torch  # noqa: E402
 
 import deepspeed  # noqa: E402
 import deepspeed.comm as dist  # noqa: E402
-from helpers.collectives import train_step_counting_collectives  # noqa: E402
+from toolkit.collectives import train_step_counting_collectives  # noqa: E402
 from helpers.engine_paths import ZERO_PATHS, relative_update_error  # noqa: E402
 from helpers.moe_model import forget_expert_groups, linear, top1_moe  # noqa: E402
 from helpers.rank_cases import force_fp16_on_cpu, run_cases  # noqa: E402

@@ -14,16 +14,12 @@ collectives of each boundary ``step()``.
 """
 
 import copy
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
 import deepspeed  # noqa: E402
 import deepspeed.comm as dist  # noqa: E402
-from helpers.collectives import CollectiveCounter  # noqa: E402
+from toolkit.collectives import CollectiveCounter  # noqa: E402
 from helpers.master_weights import zero_master_weights  # noqa: E402
 from helpers.rank_cases import run_cases  # noqa: E402
 from helpers.small_model import global_batch, make_layers, micro_batches, mse, rank_share  # noqa: E402

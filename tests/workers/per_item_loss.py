@@ -12,17 +12,13 @@ weights' update error (relative, worst tensor) against plain fp64 PyTorch on the
 """
 
 import copy
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
 import deepspeed  # noqa: E402
 import deepspeed.comm as dist  # noqa: E402
 from helpers.master_weights import master_weights  # noqa: E402 (fp32 master weights of any engine path)
-from helpers.collectives import CollectiveCounter  # noqa: E402
+from toolkit.collectives import CollectiveCounter  # noqa: E402
 from helpers.rank_cases import run_cases  # noqa: E402
 from helpers.small_model import IN, OUT, make_layers, sgd_config  # noqa: E402
 

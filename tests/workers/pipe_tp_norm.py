@@ -15,16 +15,11 @@ back the same way (``pipeline.grad_partitioned``): the layouts are both on (``pi
 only (``pipe``) and neither (``whole``). Case names ``<layout>_<path>_m<micro>_g<gas>``.
 """
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 import torch  # noqa: E402
 
 import deepspeed  # noqa: E402
 import deepspeed.comm as dist  # noqa: E402
-from helpers.collectives import pipeline_batch_counting_collectives  # noqa: E402
+from toolkit.collectives import pipeline_batch_counting_collectives  # noqa: E402
 from helpers.engine_paths import BF16, FP16, relative_update_error  # noqa: E402
 from helpers.master_weights import zero_master_weights  # noqa: E402
 from helpers.rank_cases import force_fp16_on_cpu, run_cases  # noqa: E402

@@ -16,11 +16,6 @@ over GAS summed over the micro-steps and averaged over the ranks; and, as a cont
 every token. Case names ``<path>_m<micro>_g<gas>``.
 """
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 import torch  # noqa: E402
 
 import deepspeed  # noqa: E402

@@ -5,14 +5,10 @@
 
 import glob
 import os
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from helpers.launch import SHM_BUFFER_GLOB  # noqa: E402
+from toolkit.launch import SHM_BUFFER_GLOB  # noqa: E402
 from helpers.rank_cases import run_cases  # noqa: E402
 
 

@@ -17,12 +17,8 @@ those weights are from the weights, in quantization steps. Case names ``<path>_m
 """
 
 import os
-import sys
-from pathlib import Path
 
 os.environ["LOCAL_SIZE"] = "2"  # the CPU accelerator's device count: 2 ranks a node, so 4 ranks are 2 nodes
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 

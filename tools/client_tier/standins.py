@@ -5,7 +5,7 @@
 make_hub_standins.py (which writes the GPT-2, GPT-J and T5 ones), in the same local hub-cache layout, so
 ``from_pretrained("<id>")`` resolves with HF_HUB_OFFLINE=1. The tests that load them check how DeepSpeed is
 prepared and trained, not the weights. The Llama and the Qwen MoE are the test suite's tiny Llama
-(tests/hf_training/tiny_models.py), resized where a test needs it.
+(tools/hf_training/tiny_models.py), resized where a test needs it.
 
     cd tools && python -m client_tier.standins      # into HF_HUB_CACHE, else HF_HOME/hub
 """

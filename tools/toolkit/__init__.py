@@ -5,10 +5,9 @@
 logged commands, file locks, free ports, pytest's outcomes, markdown tables and command-line options.
 
 A script under tools/ has tools/ on ``sys.path`` already (Python puts a script's folder first); a benchmark or a
-test puts it there once. Importing this package makes the repository's other import roots reachable: the build
-backend (``gafix_build``) and the tests' helpers (``helpers``, tests/helpers). They are appended, never put first:
-the repository holds ``deepspeed/`` (the files the fork adds to upstream's tree), which must never shadow the
-installed deepspeed a tool runs against.
+test puts it there once. Importing this package makes the build backend (``gafix_build``, at the repository's root)
+reachable. The root is appended, never put first: it holds ``deepspeed/`` (the files the fork adds to upstream's
+tree), which must never shadow the installed deepspeed a tool runs against. Nothing here imports from tests/.
 """
 
 import sys
@@ -16,6 +15,5 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 
-for _root in (REPO, REPO / "tests"):
-    if str(_root) not in sys.path:
-        sys.path.append(str(_root))
+if str(REPO) not in sys.path:
+    sys.path.append(str(REPO))

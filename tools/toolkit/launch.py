@@ -22,19 +22,26 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from helpers.repo import REPO
-
-sys.path.insert(0, str(REPO / "tools"))
-
-from toolkit.ports import free_port  # noqa: E402
+from toolkit import REPO
+from toolkit.ports import free_port
 
 EXTENSIONS_DIR_VAR = "DS_GAFIX_TEST_EXTENSIONS_DIR"
+# Where a rank's script finds what it imports besides torch and deepspeed: the tests' helpers (tests/helpers) and this
+# maintainers' layer (tools/). Never the repository's root, whose deepspeed/ would shadow the installed one.
+RANK_IMPORT_ROOTS = (REPO / "tests", REPO / "tools")
 LOCAL_RANKS = Path(__file__).with_name("local_ranks.py")
 SHM_BUFFER_GLOB = "/dev/shm/deepspeed_allreduce_buffer_*_{port}_*"
 
 
 class LaunchError(AssertionError):
     """The launch failed as a whole: non-zero exit, timeout, or a rank that wrote no results."""
+
+
+def rank_pythonpath(current=None):
+    """``PYTHONPATH`` for a process that runs a rank's script: ``RANK_IMPORT_ROOTS`` first, then ``current``."""
+    roots = [str(root) for root in RANK_IMPORT_ROOTS]
+    return os.pathsep.join(roots +
+                           [entry for entry in (current or "").split(os.pathsep) if entry and entry not in roots])
 
 
 def installed_script(name):
@@ -138,6 +145,7 @@ def _run_launcher_once(script, nprocs, args, timeout, extensions_dir, env, on_ti
     cmd = [*(launcher or local_ranks_command())(nprocs, port), str(script), *args]
     run_env = dict(os.environ)
     run_env.update(env or {})
+    run_env["PYTHONPATH"] = rank_pythonpath(run_env.get("PYTHONPATH"))
     if extensions_dir:
         run_env["TORCH_EXTENSIONS_DIR"] = str(extensions_dir)
     # Ranks share this machine's few cores: one thread each avoids oversubscription.
