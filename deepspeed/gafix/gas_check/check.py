@@ -28,13 +28,13 @@ from .data import global_batches, item_batches, item_loss_sum, item_mean_loss, l
 from .diagnosis import diagnose
 from .formatting import format_results  # noqa: F401 (the check's printed form, where callers found it)
 from .models import builtin_layers, builtin_model
+from .options import DEFAULT_SPLITS, CheckOptions  # noqa: F401 (DEFAULT_SPLITS: where callers found it)
 from .ownership import load_full
 from .progress import quiet
 from .reference import MasterStorage, reference_run
 from .training import SplitTraining, _seeded, _trainable_count, per_item_mode
 from .verdict import FLOOR_FACTOR, SplitResult, measured, raised_tolerance, tolerance  # noqa: F401
 
-DEFAULT_SPLITS = ((16, 1), (8, 2), (4, 4), (2, 8))
 FLOOR_DTYPE = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 # The fp64 reference holds the whole model on every rank: weights, gradients and up to two optimizer states in fp64,
 # and an fp32 copy of the initial model while the engine trains (the weights it keeps per step are the rank's own
@@ -338,12 +338,16 @@ def config_loss_scale(config):
     return fp16.get("loss_scale", 0) or 2.0**fp16.get("initial_scale_power", 16)
 
 
-def make_workload(config, make_model, splits, steps, pipeline_stages, data, loss_fn, items="fixed", sequence=None):
-    """The model factory, the global batches and the loss of a check; validates data against splits.
+def make_workload(config, options):
+    """The model factory, the global batches and the loss of a check; validates ``options``' data against its
+    splits.
 
     ``items`` "variable": the built-in data with 0-12 labelled positions per sample (an item is one), its
     loss a sum over items with their count in per_item mode, each micro-batch's item mean in mean mode.
     ``sequence`` (sequence.SequenceParallel): the built-in self-attention model and its sequences."""
+    make_model, data, loss_fn, items, sequence = (options.make_model, options.data, options.loss_fn, options.items,
+                                                  options.sequence)
+    splits, steps, pipeline_stages = options.splits, options.steps, options.pipeline_stages
     dp_world = dist.get_world_size() // (pipeline_stages or 1)
     if sequence:
         if make_model is not None or data is not None or items != "fixed":
@@ -353,8 +357,6 @@ def make_workload(config, make_model, splits, steps, pipeline_stages, data, loss
     micro, gas = splits[0]
     global_size = micro * gas * dp_world
     per_item = per_item_mode(config)
-    if items not in ("fixed", "variable"):
-        raise ValueError(f"--items {items!r}: choose fixed or variable")
     if items == "variable" and data is not None:
         raise ValueError("--items variable checks the built-in data; with --data, your --loss decides the items "
                          "(with \"loss_normalization\": \"per_item\" it returns (loss_sum, num_items))")
@@ -385,46 +387,17 @@ def make_workload(config, make_model, splits, steps, pipeline_stages, data, loss
     return Workload(make_model or builtin_model, batches, loss_fn, pipeline_stages, data is None and items == "fixed")
 
 
-def check_gas_invariance(config,
-                         make_model=None,
-                         splits=DEFAULT_SPLITS,
-                         steps=3,
-                         pipeline_stages=0,
-                         loop="step_every_micro_batch",
-                         data=None,
-                         loss_fn=None,
-                         reference="auto",
-                         progress=None,
-                         items="fixed",
-                         small_buckets=False,
-                         sequence=None,
-                         zero_init=False,
-                         compiled=False):
+def check_gas_invariance(config, make_model=None, *, progress=None, **options):
     """Train ``config`` under each per-rank ``(micro, gas)`` split; return one SplitResult per split (run_check's
-    results).
-
-    ``make_model``: a no-argument factory (default: a small MLP; with ``pipeline_stages``, a
-    PipelineModule factory, default the MLP in stages). ``data``: ``(steps, global_batch_size) ->
-    batches`` (default: the MLP's); ``loss_fn``: ``(outputs, labels) -> loss``, None when the model
-    returns its loss (the built-in data uses mean squared error). ``items``: "fixed" (the built-in data: a
-    sample is an item) or "variable" (built-in samples of 0-12 labelled positions, see make_workload).
-    With ``"loss_normalization": "per_item"`` the loss returns ``(loss_sum, num_items)`` and every split is
-    compared with the fp64 mean over every item of the global batch. ``reference``: True (fp64 reference),
-    False (each split compared with its own micro-batches trained without accumulation; with the built-in data or
-    per_item losses, with the first split), "auto" (False when REFERENCE_BYTES_PER_PARAMETER per parameter exceed
-    REFERENCE_LIMIT_BYTES). ``loop``: the training loop's style (see ``SplitTraining``). ``small_buckets``: ZeRO's
-    bucket, prefetch and sub-group sizes scaled to the model, so that it spans several (buckets.py). ``sequence``
-    (sequence.SequenceParallel): Ulysses sequence parallelism on the built-in self-attention model. ``zero_init``:
-    build the engine's model under ``deepspeed.zero.Init`` (ZeRO-3), as transformers builds a model for ZeRO-3.
-    ``compiled``: compile the engine (``engine.compile()``) before it trains, as a script that calls it does.
+    results). ``make_model`` and ``options``: the fields of ``CheckOptions`` (splits, steps, data, loss_fn, items,
+    reference, loop, small_buckets, sequence, zero_init, compiled), the options by keyword. With ``"loss_normalization":
+    "per_item"`` the loss returns ``(loss_sum, num_items)`` and every split is compared with the fp64 mean over every
+    item of the global batch.
 
     Call on every rank of an initialized deepspeed.comm. Every split must cover the same per-rank
     batch (micro x gas), so that the global batch is the same.
     """
-    restart = None  # the restart check runs through ds_gas_check --restart
-    plan = make_plan(config, make_model, splits, steps, pipeline_stages, loop, data, loss_fn, reference, progress,
-                     items, small_buckets, restart, sequence, zero_init, compiled)
-    return run_check(plan).results
+    return run_check(make_plan(config, CheckOptions(make_model, **options), progress)).results
 
 
 def run_check(plan):
@@ -455,55 +428,34 @@ def run_check(plan):
     return Check(results, [note] if note else [])
 
 
-def make_plan(config,
-              make_model,
-              splits,
-              steps,
-              pipeline_stages,
-              loop,
-              data,
-              loss_fn,
-              reference,
-              progress,
-              items,
-              small_buckets,
-              restart=None,
-              sequence=None,
-              zero_init=False,
-              compiled=False):
-    """Validate the check's input and settle what its splits share. ``restart`` (restart.Restart): a launch of the
-    restart check: the saving one trains the steps up to the save, the resuming one every step (it loads the rest)."""
-    if len({micro * gas for micro, gas in splits}) != 1:
-        raise ValueError(f"splits {splits}: micro-batch x GAS must be the same for all, to keep the global batch")
-    if pipeline_stages and dist.get_world_size() % pipeline_stages:
-        raise ValueError(f"{pipeline_stages} pipeline stages do not divide {dist.get_world_size()} ranks")
-    if sequence and pipeline_stages:
-        raise ValueError("--sequence-parallel and --pipeline-stages: the pipeline engine takes no sequence-parallel "
-                         "mpu")
-    if sequence and dist.get_world_size() % sequence.size:
-        raise ValueError(f"--sequence-parallel {sequence.size} does not divide {dist.get_world_size()} ranks")
+def make_plan(config, options, progress=None, restart=None):
+    """Validate the check's ``options`` (CheckOptions) against ``config`` and settle what its splits share.
+    ``restart`` (restart.Restart): a launch of the restart check: the saving one trains the steps up to the save, the
+    resuming one every step (it loads the rest)."""
+    refusal = options.refusal(dist.get_world_size())
+    if refusal:
+        raise ValueError(refusal)
     config = dict(config)
     config.setdefault("optimizer", {"type": "SGD", "params": {"lr": 0.1}})
     if config["optimizer"].get("type", "").lower() not in ("adam", "adamw"):
         config.setdefault("zero_allow_untested_optimizer", True)
-    workload = make_workload(config, make_model, splits, steps, pipeline_stages, data, loss_fn, items, sequence)
-    if zero_init:
+    workload = make_workload(config, options)
+    if options.zero_init:
         stage = config.get("zero_optimization", {}).get("stage", 0)
         if stage != 3:
             raise ValueError(
                 f"--zero-init builds the model under deepspeed.zero.Init, which partitions it for ZeRO-3: "
                 f"the config's zero_optimization.stage is {stage}")
-        if pipeline_stages or sequence:
-            raise ValueError("--zero-init: not with --pipeline-stages or --sequence-parallel")
         workload = replace(workload, zero_init=True)
-    if compiled or (config.get("compile") or {}).get("deepcompile"):
+    if options.compiled or (config.get("compile") or {}).get("deepcompile"):
         # DeepCompile replaces the engine's gradient hooks only once the engine is compiled, as a training script with
         # this config compiles it: checked without, the config's own path would go untested.
         workload = replace(workload, compiled=True)
     bucket_note = ""
-    if small_buckets:
+    if options.small_buckets:
         config, bucket_note = with_small_buckets(config, _seeded(workload.make_model))
     per_item = per_item_mode(config)
+    reference = options.reference
     if reference == "auto":
         reference = _trainable_count(workload) * REFERENCE_BYTES_PER_PARAMETER <= REFERENCE_LIMIT_BYTES
     if restart is not None:
@@ -517,6 +469,6 @@ def make_plan(config,
     # per_item losses must not depend on the split at all; otherwise (padded tokens: the loss is each
     # micro-batch's own mean) the split changes the loss by design, and each split gets its own run without GAS.
     grouped = not reference and not per_item and not workload.uniform_items
-    return Plan(config, workload, tuple(splits), loop, progress or quiet(), config_dtype(config),
+    return Plan(config, workload, tuple(options.splits), options.loop, progress or quiet(), config_dtype(config),
                 config.get("gradient_clipping", GRADIENT_CLIPPING_DEFAULT), per_item, bool(reference), grouped,
-                bucket_note, restart, sequence)
+                bucket_note, restart, options.sequence)

@@ -32,6 +32,9 @@ import os
 import socket
 import subprocess
 import sys
+from dataclasses import dataclass, replace
+
+from .options import DEFAULT_SPLITS, CheckOptions
 
 OPTIMIZER_PRESETS = {
     "sgd": {
@@ -81,6 +84,14 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(prog="ds_gas_check",
                                      description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    _add_input_arguments(parser)
+    _add_training_arguments(parser)
+    _add_run_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def _add_input_arguments(parser):
+    """What is checked: the config, the model, its data and loss."""
     parser.add_argument("--config", required=True, help="DeepSpeed config file (JSON)")
     parser.add_argument("--model",
                         help="model factory 'module:function' (no arguments; returns an nn.Module, or a "
@@ -97,6 +108,10 @@ def parse_args(argv=None):
                         metavar="DIR",
                         help="a local Hugging Face causal-LM directory (config.json, weights optional; nothing is "
                         "downloaded), trained on synthetic token batches of variable lengths, padding masked")
+
+
+def _add_training_arguments(parser):
+    """How each split trains and what it is compared with."""
     parser.add_argument("--splits",
                         help="per-rank micro-batch x GAS splits of the same batch (default: 16x1,8x2,4x4,2x8, or "
                         "halvings of --data's fixed batch)")
@@ -164,6 +179,10 @@ def parse_args(argv=None):
                         help="compile the engine with engine.compile() before it trains, as a training script that "
                         "calls it does (torch.compile of the model; with compile.autoep_non_moe, of the layers around "
                         "AutoEP's experts); the fp64 reference runs eager")
+
+
+def _add_run_arguments(parser):
+    """Where the check runs (ranks, a restart) and what it writes."""
     parser.add_argument("--ranks", type=int, default=1, help="ranks to launch when not under a launcher")
     parser.add_argument(
         "--restart",
@@ -191,7 +210,6 @@ def parse_args(argv=None):
     parser.add_argument("--json", help="also write the results to this JSON file (rank 0)")
     parser.add_argument("--plot", metavar="FILE.png", help="draw loss, grad norm and update error per step (rank 0)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
-    return parser.parse_args(argv)
 
 
 def default_splits(per_rank):
@@ -247,7 +265,6 @@ def run_preflight(config, splits, world, args, told=True):
     """The pre-flight (preflight.py) on ``world`` ranks: None to go on, else the exit status (2 on an error;
     with --preflight, 0 when there is none). Its notes are printed first (errors only without ``told``: the same
     config's pre-flight on another number of ranks printed them)."""
-    from .check import DEFAULT_SPLITS
     from .preflight import TOLD_ALWAYS, engine_paths, preflight
     found = preflight(config, splits or list(DEFAULT_SPLITS), world, args.pipeline_stages)
     rank0 = os.environ.get("RANK", "0") == "0"
@@ -407,126 +424,93 @@ def ranks_in_words(world, args, sequence):
     return f"{world} rank(s) = {' x '.join(parts)}"
 
 
+@dataclass(frozen=True)
+class Request:
+    """The command line, read and checked once: what the check trains (``options``, the library's terms) and what
+    the command does around it. Every refusal of bad input is raised while it is made (``prepare``)."""
+    args: argparse.Namespace  # the flags as given, for what only the command line has (--json, --plot, --ranks)
+    config: dict
+    notes: list
+    options: CheckOptions  # its splits None until the ranks know their number, where --splits is not given
+    restart_plan: object = None  # restart.RestartPlan of ds_gas_check --restart, before its two launches
+
+    @property
+    def world(self):
+        return int(os.environ["WORLD_SIZE"]) if under_launcher() else self.args.ranks
+
+
+def prepare(args):
+    """The Request of ``args``; ValueError naming the flag, file or key on bad input."""
+    refusal = number_refusal(args)
+    if refusal:
+        raise ValueError(refusal)
+    splits = parse_splits(args.splits) if args.splits else None
+    config, notes = load_config(args.config, args.optimizer)
+    make_model, data, loss_fn = workload_factories(args)
+    sequence = sequence_parallel(args)
+    if args.plot:
+        from .plot import pyplot
+        pyplot()
+    restart_plan = None
+    if args.restart is not None and args.restart_phase is None:
+        from .restart import plan_restart, same_objective
+        from .training import per_item_mode
+        if under_launcher():
+            raise ValueError("--restart launches its two runs itself, on --ranks and then R ranks: run "
+                             "ds_gas_check --ranks N --restart R, not under the deepspeed launcher")
+        restart_plan = plan_restart(args, splits, parse_splits)
+        same_objective(restart_plan, per_item_mode(config), data is None and args.items == "fixed")
+    refusal = stages_refusal(args)
+    if refusal:
+        raise ValueError(refusal)
+    options = CheckOptions(make_model, splits, args.steps, args.pipeline_stages, args.loop, data, loss_fn,
+                           args.reference, args.items, args.small_buckets, sequence, args.zero_init, args.compile)
+    return Request(args, config, notes, options, restart_plan)
+
+
+def preflight_verdict(request):
+    """The pre-flight on every number of ranks the check runs on: None to go on, else the exit status."""
+    plan, args = request.restart_plan, request.args
+    if plan is not None:
+        from .restart import reshard_refusal
+        refusal = reshard_refusal(plan, request.config, f"--restart {args.restart}")
+        if refusal:
+            print(f"ds_gas_check: error: {refusal}", file=sys.stderr)
+            return 2
+    checks = ([([plan.before], request.world),
+               ([plan.after], plan.ranks_after)] if plan is not None else [(request.options.splits, request.world)])
+    for index, (phase_splits, phase_world) in enumerate(checks):
+        verdict = run_preflight(request.config, phase_splits, phase_world, args, told=index == 0)
+        # An error stops at once; --preflight's pass (0) is told once every number of ranks passed.
+        if verdict == 2 or verdict is not None and index == len(checks) - 1:
+            return verdict
+    return None
+
+
 def main(argv=None):
     args = parse_args(argv)
-    restarting = args.restart is not None and args.restart_phase is None
     try:
-        refusal = number_refusal(args)
-        if refusal:
-            raise ValueError(refusal)
-        splits = parse_splits(args.splits) if args.splits else None
-        config, notes = load_config(args.config, args.optimizer)
-        make_model, data, loss_fn = workload_factories(args)
-        sequence = sequence_parallel(args)
-        if args.plot:
-            from .plot import pyplot
-            pyplot()
-        if restarting:
-            from .restart import plan_restart, same_objective
-            from .training import per_item_mode
-            if under_launcher():
-                raise ValueError("--restart launches its two runs itself, on --ranks and then R ranks: run "
-                                 "ds_gas_check --ranks N --restart R, not under the deepspeed launcher")
-            restart_plan = plan_restart(args, splits, parse_splits)
-            same_objective(restart_plan, per_item_mode(config), data is None and args.items == "fixed")
-        refusal = stages_refusal(args)
-        if refusal:
-            raise ValueError(refusal)
+        request = prepare(args)
     except ValueError as err:
         print(f"ds_gas_check: error: {err}", file=sys.stderr)
         return 2
     # Before any rank starts (once: the launched ranks skip it), what the engine would refuse is refused here.
     if os.environ.get(PREFLIGHT_DONE) != "1":
-        if restarting:
-            from .restart import reshard_refusal
-            refusal = reshard_refusal(restart_plan, config, f"--restart {args.restart}")
-            if refusal:
-                print(f"ds_gas_check: error: {refusal}", file=sys.stderr)
-                return 2
-        world = int(os.environ["WORLD_SIZE"]) if under_launcher() else args.ranks
-        checks = ([([restart_plan.before], world),
-                   ([restart_plan.after], restart_plan.ranks_after)] if restarting else [(splits or None, world)])
-        for index, (phase_splits, phase_world) in enumerate(checks):
-            verdict = run_preflight(config, phase_splits, phase_world, args, told=index == 0)
-            # An error stops at once; --preflight's pass (0) is told once every number of ranks passed.
-            if verdict == 2 or verdict is not None and index == len(checks) - 1:
-                return verdict
-    if restarting:
+        verdict = preflight_verdict(request)
+        if verdict is not None:
+            return verdict
+    if request.restart_plan is not None:
         from .restart import run_both
-        return run_both(args, command_line(argv), restart_plan, relaunch)
+        return run_both(args, command_line(argv), request.restart_plan, relaunch)
     if not under_launcher():
         if args.ranks > 1:
             return relaunch(argv, args.ranks)
         single_process_env()
-
     import deepspeed
     import deepspeed.comm as dist
-    from .check import DEFAULT_SPLITS, config_dtype, make_plan, run_check
-    from deepspeed.runtime.config import DeepSpeedConfigError
-    from .formatting import format_results
-    from .preflight import one_line
-    from .progress import Progress
-    from .restart import Restart, RestartError, title as restart_title
-    restart = None if args.restart_phase is None else Restart(args.checkpoint_dir, args.restart_after,
-                                                              args.restart_phase == "resume", args.saved_by)
     deepspeed.init_distributed()
     try:
-        rank0 = dist.get_rank() == 0
-        try:
-            if splits is None:
-                splits = (fixed_data_splits(data, args.steps, dist.get_world_size(), args.pipeline_stages)
-                          if args.data and not data.sized else list(DEFAULT_SPLITS))
-            progress = Progress(len(splits), enabled=rank0 and not args.quiet)
-            check = run_check(
-                make_plan(config, make_model, splits, args.steps, args.pipeline_stages, args.loop, data, loss_fn,
-                          args.reference, progress, args.items, args.small_buckets, restart, sequence, args.zero_init,
-                          args.compile))
-        except (ValueError, DeepSpeedConfigError) as err:
-            # Bad input, or a config the engine refuses only once it builds the model or the optimizer: every rank
-            # raises the same; one line says it.
-            if rank0:
-                print(f"ds_gas_check: error: {one_line(err)}", file=sys.stderr)
-            return 2
-        except RestartError as err:
-            # The config trains, but the engine cannot resume it on these ranks: the restart check's finding.
-            if rank0:
-                print(f"ds_gas_check --restart: FAIL: {one_line(err)}", file=sys.stderr)
-                if args.json:
-                    with open(args.json, "w") as f:
-                        json.dump({"error": one_line(err)}, f)
-            return 1
-        results, notes = check.results, notes + check.notes
-        if rank0:
-            zero = config.get("zero_optimization", {}).get("stage", 0)
-            what = (f"model {args.hf_model or args.model}, " if args.hf_model or args.model else "")
-            title = (
-                f"ds_gas_check: deepspeed {deepspeed.__version__}, {ranks_in_words(dist.get_world_size(), args, sequence)}, "
-                f"{args.config}: "
-                f"{what}ZeRO {zero}, {config_dtype(config)}, optimizer {config['optimizer'].get('type')}, "
-                f"{'pipeline %d stages, ' % args.pipeline_stages if args.pipeline_stages else ''}"
-                f"{sequence.title() + ', ' if sequence else ''}"
-                f"{'loss_normalization per_item, ' if config.get('loss_normalization') == 'per_item' else ''}"
-                f"{'variable items per sample, ' if args.items == 'variable' else ''}"
-                f"{'built under zero.Init, ' if args.zero_init else ''}{'engine compiled, ' if args.compile else ''}"
-                f"{len(results[0].norms)} steps" + (f", {restart_title(restart)}" if restart else ""))
-            print("\n".join([format_results(results, title)] + [f"note: {n}" for n in notes]), flush=True)
-            if args.json:
-                with open(args.json, "w") as f:
-                    json.dump([dict(vars(r), name=r.name, passed=r.passed, verdict=r.verdict) for r in results],
-                              f,
-                              indent=1)
-            if args.plot:
-                from .plot import plot_check
-                try:
-                    plot_check(args.plot, results, title)
-                except ValueError as err:
-                    print(f"ds_gas_check: error: {err}", file=sys.stderr)
-                    return 2
-                print(f"plot: {args.plot}")
-        if all(r.passed for r in results):
-            return 0
-        # 3: nothing failed, but a split could not be decided at this precision (UNRESOLVED).
-        return 3 if all(r.passed or r.unresolved for r in results) else 1
+        return run_on_ranks(request)
     finally:
         # Down before exit: communication threads still running at interpreter teardown abort the ranks
         # ("terminate called without an active exception", exit -6) after the check has printed its result.
@@ -534,6 +518,97 @@ def main(argv=None):
         # the same way.
         dist.barrier()
         dist.destroy_process_group()
+
+
+def run_on_ranks(request):
+    """The check on this launch's ranks, its result printed on rank 0: the exit status."""
+    import deepspeed.comm as dist
+    from .check import make_plan, run_check
+    from deepspeed.runtime.config import DeepSpeedConfigError
+    from .preflight import one_line
+    from .progress import Progress
+    from .restart import Restart, RestartError
+    args, options = request.args, request.options
+    restart = None if args.restart_phase is None else Restart(args.checkpoint_dir, args.restart_after,
+                                                              args.restart_phase == "resume", args.saved_by)
+    rank0 = dist.get_rank() == 0
+    try:
+        if options.splits is None:
+            options = replace(options, splits=split_defaults(options, dist.get_world_size()))
+        progress = Progress(len(options.splits), enabled=rank0 and not args.quiet)
+        check = run_check(make_plan(request.config, options, progress, restart))
+    except (ValueError, DeepSpeedConfigError) as err:
+        # Bad input, or a config the engine refuses only once it builds the model or the optimizer: every rank
+        # raises the same; one line says it.
+        if rank0:
+            print(f"ds_gas_check: error: {one_line(err)}", file=sys.stderr)
+        return 2
+    except RestartError as err:
+        # The config trains, but the engine cannot resume it on these ranks: the restart check's finding.
+        if rank0:
+            print(f"ds_gas_check --restart: FAIL: {one_line(err)}", file=sys.stderr)
+            if args.json:
+                with open(args.json, "w") as f:
+                    json.dump({"error": one_line(err)}, f)
+        return 1
+    if rank0 and report(request, check.results, request.notes + check.notes, restart) is not None:
+        return 2
+    if all(r.passed for r in check.results):
+        return 0
+    # 3: nothing failed, but a split could not be decided at this precision (UNRESOLVED).
+    return 3 if all(r.passed or r.unresolved for r in check.results) else 1
+
+
+def split_defaults(options, world):
+    """The splits of a check run without --splits: halvings of --data's own batch, or DEFAULT_SPLITS."""
+    data = options.data
+    if data is not None and not data.sized:
+        return fixed_data_splits(data, options.steps, world, options.pipeline_stages)
+    return list(DEFAULT_SPLITS)
+
+
+def title_of(request, results, restart):
+    """The result table's first line: what was checked, in the user's terms."""
+    import deepspeed
+    import deepspeed.comm as dist
+    from .check import config_dtype
+    from .restart import title as restart_title
+    args, config, sequence = request.args, request.config, request.options.sequence
+    zero = config.get("zero_optimization", {}).get("stage", 0)
+    parts = [
+        f"ds_gas_check: deepspeed {deepspeed.__version__}",
+        ranks_in_words(dist.get_world_size(), args, sequence), f"{args.config}: " +
+        (f"model {args.hf_model or args.model}, " if args.hf_model or args.model else "") + f"ZeRO {zero}",
+        config_dtype(config), f"optimizer {config['optimizer'].get('type')}"
+    ]
+    optional = [(args.pipeline_stages, lambda: f"pipeline {args.pipeline_stages} stages"),
+                (sequence, lambda: sequence.title()),
+                (config.get("loss_normalization") == "per_item", lambda: "loss_normalization per_item"),
+                (args.items == "variable", lambda: "variable items per sample"),
+                (args.zero_init, lambda: "built under zero.Init"), (args.compile, lambda: "engine compiled")]
+    parts += [words() for given, words in optional if given] + [f"{len(results[0].norms)} steps"]
+    parts += [restart_title(restart)] if restart else []
+    return ", ".join(parts)
+
+
+def report(request, results, notes, restart):
+    """Print the results (and write --json, --plot) on rank 0; None, or 2 when the plot could not be drawn."""
+    from .formatting import format_results
+    args = request.args
+    title = title_of(request, results, restart)
+    print("\n".join([format_results(results, title)] + [f"note: {n}" for n in notes]), flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump([dict(vars(r), name=r.name, passed=r.passed, verdict=r.verdict) for r in results], f, indent=1)
+    if args.plot:
+        from .plot import plot_check
+        try:
+            plot_check(args.plot, results, title)
+        except ValueError as err:
+            print(f"ds_gas_check: error: {err}", file=sys.stderr)
+            return 2
+        print(f"plot: {args.plot}")
+    return None
 
 
 if __name__ == "__main__":
