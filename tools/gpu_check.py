@@ -272,7 +272,13 @@ def gas_check(name, what, config_file):
 
 
 def checks():
+    """Every check, in the order they run."""
     py = "{fork}"
+    return [*correctness_checks(py), *deepcompile_checks(py), *speed_checks(py), *upstream_checks(py)]
+
+
+def correctness_checks(py):
+    """The fused norm, the engine paths and ZeRO++'s quantizer on the GPU, and ds_gas_check on GPU-only paths."""
     return [
         pytest_check("fused-norm", "the fused_norm op on the GPU vs fp64", "pytest passes; no CUDA test skipped",
                      "tests/test_fused_norm.py"),
@@ -284,6 +290,12 @@ def checks():
         gas_check("gas-check-superoffload",
                   "bf16 ZeRO-3 SuperOffload (a speculative CPU step, rolled back under clipping)",
                   "superoffload.json"),
+    ]
+
+
+def deepcompile_checks(py):
+    """DeepCompile: ds_gas_check on its passes, its patches' upstream-style tests, its native op."""
+    return [
         gas_check("gas-check-deepcompile-zero1", "bf16 DeepCompile with its ZeRO-1 pass", "deepcompile_zero1.json"),
         Check("deepcompile-patch-tests",
               "the upstream-style tests of the patches Flush-only-the-DeepCompile-reduce-buckets-that-hold- "
@@ -309,6 +321,12 @@ def checks():
               ],
               judge=judge_pytest("deepcompile-native.xml", "cuda")),
         gas_check("gas-check-deepcompile-zero3", "bf16 DeepCompile with its ZeRO-3 pass", "deepcompile_zero3.json"),
+    ]
+
+
+def speed_checks(py):
+    """The norm's bandwidth and host time, the step time and the counted step cost against pristine."""
+    return [
         Check("norm-bandwidth",
               "fused norm vs a copy, GPT-2 125M/350M gradient sets (benchmarks/grad_norm_speed.py)",
               f"every set at least {NORM_OF_COPY:.0%} of the copy bandwidth, relative error <= 1e-6",
@@ -351,6 +369,12 @@ def checks():
               needs=("pristine", ),
               judge=judge_step_counts,
               options={"benchmarks/step_counts.py": ["--fork-python", "--pristine-python", "--json"]}),
+    ]
+
+
+def upstream_checks(py):
+    """Upstream's GPU tier, fork vs pristine."""
+    return [
         Check("upstream-gpu-tier",
               "upstream's half_precision and hybrid_engine tests and the patch tier on the GPU, fork vs pristine",
               "tools/run-upstream-suite exits 0 (no regression)", [

@@ -298,7 +298,7 @@ def write_report(summary, path):
     Path(path).write_text("\n".join(lines) + "\n")
 
 
-def main():
+def parse_args():
     parser = argparse.ArgumentParser(prog="client-tier", description=__doc__.splitlines()[0])
     parser.add_argument("--tests", type=Path, default=REPO.parent / "shared" / "client-tests")
     options.add_sides(parser,
@@ -333,14 +333,16 @@ def main():
     args = parser.parse_args()
     if args.record_baseline and args.pristine_baseline:
         parser.error("--record-baseline needs pristine's side run, not replayed")
-    if args.report_only:
-        write_report(json.loads(args.report.with_suffix(".json").read_text()), args.report)
-        return 0
-    if not (args.tests / "transformers").is_dir() or not (args.tests / "accelerate").is_dir():
-        print(f"client-tier: no client tests at {args.tests} (transformers/ and accelerate/): pass --tests",
-              file=sys.stderr)
-        return 2
-    chosen = [s for s in SELECTIONS if not args.selections or s.name in args.selections]
+    return args
+
+
+class ClientTierError(Exception):
+    """The run cannot go on as asked: the message says why (exit status 2)."""
+
+
+def the_sides(args, chosen):
+    """``(sides, versions, identity, recorded)``: each side's interpreter (pristine's only when it runs), their
+    versions, the run's identity and pristine's recorded outcomes where they are replayed (else None)."""
     sides = {"fork": os.path.abspath(args.fork_python)}
     versions = {"fork": probe_versions(sides["fork"])}
     identity = identity_of(versions["fork"], args.tests, args.keyword)
@@ -349,9 +351,9 @@ def main():
         try:
             recorded = baseline.load(args.pristine_baseline, identity, [s.name for s in chosen])
         except BaselineError as err:
-            print(f"client-tier: {err}", file=sys.stderr)
             if not args.or_run_pristine:
-                return 2
+                raise ClientTierError(str(err)) from None
+            print(f"client-tier: {err}", file=sys.stderr)
             print("client-tier: running pristine's side instead", file=sys.stderr)
     if recorded is None:
         sides["pristine"] = os.path.abspath(pristine_python(args.pristine_python, sides["fork"]))
@@ -360,10 +362,79 @@ def main():
         versions["pristine"] = [identity["pristine_version"], *versions["fork"][1:]]
     # Only deepspeed may differ: a difference in the clients' versions would read as the fork's.
     if versions["fork"][1:] != versions["pristine"][1:] or "+gafix" not in versions["fork"][0]:
-        print(
-            "client-tier: the sides must be the fork and pristine on one torch, Python, pytest, transformers, "
-            f"accelerate and datasets, not {versions}",
-            file=sys.stderr)
+        raise ClientTierError("the sides must be the fork and pristine on one torch, Python, pytest, transformers, "
+                              f"accelerate and datasets, not {versions}")
+    return sides, versions, identity, recorded
+
+
+def run_selection_on_both(selection, args, sides, trees, work_dir, hf_home, recorded):
+    """One selection run on each side (pristine's replayed where ``recorded``), compared: its summary entry."""
+    terms = selection.not_on_cpu
+    results, seconds, envs = {}, {}, {}
+    for side, python in sides.items():
+        envs[side] = side_env(python, work_dir, side, hf_home, args.fork_extensions_dir if side == "fork" else None,
+                              selection.shim_path)
+        print(f"client-tier: {selection.name} on {side} ...", flush=True)
+        results[side], seconds[side] = run_selection(python, trees[side], selection,
+                                                     keyword_of(selection, terms, args.keyword), envs[side],
+                                                     work_dir / side, args.timeout)
+    if recorded:
+        results["pristine"] = recorded[selection.name]["outcomes"]
+        seconds["pristine"] = recorded[selection.name]["seconds"]
+    reruns = rerun_disagreements(results, sides, trees, selection, envs, work_dir, args.timeout)
+    env = envs["fork"]
+    not_run = {}
+    for term, reason in terms.items():
+        only_term = keyword_of(selection, [], args.keyword) + f" and ({term})" if (selection.keyword
+                                                                                   or args.keyword) else term
+        ids = collected(sides["fork"], trees["fork"], selection, only_term, env)
+        if ids:
+            not_run.setdefault(reason, []).extend(f"{selection.client}/{i}" for i in ids)
+    rows = compare(results["fork"], results["pristine"])
+    skip_reasons = {}
+    for result in results["fork"].values():
+        if result["outcome"] == "skipped":
+            skip_reasons[result["reason"]] = skip_reasons.get(result["reason"], 0) + 1
+
+    def listed(category):
+        return [{"test_id": r.test_id, "reason": r.fork_reason or r.reason} for r in rows if r.category == category]
+
+    return {
+        "collected":
+        len(collected(sides["fork"], trees["fork"], selection, keyword_of(selection, [], args.keyword), env)),
+        "sides": {
+            side: side_counts(tests)
+            for side, tests in results.items()
+        },
+        "categories": category_counts(rows),
+        "regressions": listed(REGRESSION),
+        "fixed": listed("fixed"),
+        "both_fail": listed("both fail"),
+        "not_run": {
+            reason: sorted(set(ids))
+            for reason, ids in not_run.items()
+        },
+        "skip_reasons": skip_reasons,
+        "seconds": seconds,
+        "reruns": reruns,
+        "outcomes": results,
+    }
+
+
+def main():
+    args = parse_args()
+    if args.report_only:
+        write_report(json.loads(args.report.with_suffix(".json").read_text()), args.report)
+        return 0
+    if not (args.tests / "transformers").is_dir() or not (args.tests / "accelerate").is_dir():
+        print(f"client-tier: no client tests at {args.tests} (transformers/ and accelerate/): pass --tests",
+              file=sys.stderr)
+        return 2
+    chosen = [s for s in SELECTIONS if not args.selections or s.name in args.selections]
+    try:
+        sides, versions, identity, recorded = the_sides(args, chosen)
+    except ClientTierError as err:
+        print(f"client-tier: {err}", file=sys.stderr)
         return 2
     work_dir = args.work_dir.resolve()
     hf_home = work_dir / "hf_home"
@@ -379,80 +450,24 @@ def main():
         "date": time.strftime("%Y-%m-%d"),
         "fork_version": versions["fork"][0],
         "pristine_version": versions["pristine"][0],
-        "torch": identity["torch"],
-        "python": identity["python"],
-        "transformers": identity["transformers"],
-        "accelerate": identity["accelerate"],
+        **{
+            key: identity[key]
+            for key in ("torch", "python", "transformers", "accelerate")
+        },
         # The report names the record by its path in the repository where it is one of its files.
         "pristine_record": os.path.relpath(args.pristine_baseline.resolve(), REPO) if recorded else None,
         "selections": {}
     }
-    regressions = 0
     for selection in chosen:
-        terms = selection.not_on_cpu
-        results, seconds, envs = {}, {}, {}
-        for side, python in sides.items():
-            envs[side] = side_env(python, work_dir, side, hf_home,
-                                  args.fork_extensions_dir if side == "fork" else None, selection.shim_path)
-            print(f"client-tier: {selection.name} on {side} ...", flush=True)
-            results[side], seconds[side] = run_selection(python, trees[side], selection,
-                                                         keyword_of(selection, terms, args.keyword), envs[side],
-                                                         work_dir / side, args.timeout)
-        if recorded:
-            results["pristine"] = recorded[selection.name]["outcomes"]
-            seconds["pristine"] = recorded[selection.name]["seconds"]
-        reruns = rerun_disagreements(results, sides, trees, selection, envs, work_dir, args.timeout)
-        env = envs["fork"]
-        not_run = {}
-        for term, reason in terms.items():
-            only_term = keyword_of(selection, [], args.keyword) + f" and ({term})" if (selection.keyword
-                                                                                       or args.keyword) else term
-            ids = collected(sides["fork"], trees["fork"], selection, only_term, env)
-            if ids:
-                not_run.setdefault(reason, []).extend(f"{selection.client}/{i}" for i in ids)
-        rows = compare(results["fork"], results["pristine"])
-        skip_reasons = {}
-        for result in results["fork"].values():
-            if result["outcome"] == "skipped":
-                skip_reasons[result["reason"]] = skip_reasons.get(result["reason"], 0) + 1
+        entry = run_selection_on_both(selection, args, sides, trees, work_dir, hf_home, recorded)
+        summary["selections"][selection.name] = entry
+        print(f"client-tier: {selection.name}: {json.dumps(entry['categories'])}", flush=True)
+    return record_and_report(summary, args, identity)
 
-        def listed(category):
-            return [{
-                "test_id": r.test_id,
-                "reason": r.fork_reason or r.reason
-            } for r in rows if r.category == category]
 
-        summary["selections"][selection.name] = {
-            "collected":
-            len(collected(sides["fork"], trees["fork"], selection, keyword_of(selection, [], args.keyword), env)),
-            "sides": {
-                side: side_counts(tests)
-                for side, tests in results.items()
-            },
-            "categories":
-            category_counts(rows),
-            "regressions":
-            listed(REGRESSION),
-            "fixed":
-            listed("fixed"),
-            "both_fail":
-            listed("both fail"),
-            "not_run": {
-                reason: sorted(set(ids))
-                for reason, ids in not_run.items()
-            },
-            "skip_reasons":
-            skip_reasons,
-            "seconds":
-            seconds,
-            "reruns":
-            reruns,
-            "outcomes":
-            results,
-        }
-        regressions += len(summary["selections"][selection.name]["regressions"])
-        print(f"client-tier: {selection.name}: {json.dumps(summary['selections'][selection.name]['categories'])}",
-              flush=True)
+def record_and_report(summary, args, identity):
+    """Record pristine's outcomes (--record-baseline), write the report: the exit status."""
+    regressions = sum(len(selection["regressions"]) for selection in summary["selections"].values())
     # A pristine side that timed out or broke must not become what the fork is held to.
     empty = [name for name, selection in summary["selections"].items() if not selection["outcomes"]["pristine"]]
     if args.record_baseline and not empty:

@@ -247,54 +247,7 @@ def run_in(args, work_dir):
     if args.tier == "prefixes" and not args.files:
         return run_prefixes(args, tests_dir, work_dir, results_dir, tests_sha256, added, pin)
     units = selected_units(args, tests_dir, added)
-
-    # Interpreters run from other directories: a relative path is taken from here (not resolved: a
-    # venv's python is a symlink whose target is outside the venv).
-    args.fork_python = os.path.abspath(args.fork_python)
-    if args.pristine_python:
-        args.pristine_python = os.path.abspath(args.pristine_python)
-    fork_info = describe_python(args.fork_python)
-    infos = {"fork": fork_info}  # each interpreter is probed once (the probe imports deepspeed: seconds)
-    if "+gafix." not in fork_info["deepspeed"]:
-        raise SetupError(f"--fork-python {args.fork_python} has deepspeed {fork_info['deepspeed']}, not the fork")
-    if args.only != "pristine" and not args.report_only:
-        check_launcher("--fork-python", args.fork_python)
-    replay = args.pristine_baseline is not None
-    run_pristine = args.only != "fork" and not replay
-    identity = {
-        "pin_sha256": pin.sha256,
-        "pristine_version": pin.version,
-        "fork_version": fork_info["deepspeed"],
-        "tests_sha256": tests_sha256,
-        "torch": fork_info["torch"],
-        "pytest": fork_info["pytest"],
-        "python": fork_info["python"],
-        "local_size": args.local_size,
-    }
-    sides = []
-    if args.only != "pristine":
-        fork_extensions = Path(args.fork_extensions_dir or work_dir / "torch_extensions-fork").resolve()
-        sides.append(Side("fork", args.fork_python, fork_extensions, fork_info["package_dir"]))
-    if run_pristine:
-        python = pristine_python(args.pristine_python, args.fork_python)
-        info = describe_python(python)
-        if info["deepspeed"] != pin.version:
-            raise SetupError(f"--pristine-python {python} has deepspeed {info['deepspeed']}, not pristine "
-                             f"{pin.version} (upstream.json)")
-        if not args.report_only:
-            check_launcher("--pristine-python", python)
-        differs = [key for key in ("torch", "pytest", "python") if info[key] != fork_info[key]]
-        if differs:
-            raise SetupError("the sides differ in " + ", ".join(f"{key} (fork {fork_info[key]}, pristine {info[key]})"
-                                                                for key in differs))
-        only = sorted(set(info["packages"]) ^ set(fork_info["packages"]))
-        if only:
-            raise SetupError(
-                f"the two interpreters have different packages installed ({', '.join(only[:6])}"
-                f"{' ...' if len(only) > 6 else ''}): install the same in both (docs/develop/upstream_suite.md)")
-        sides.append(Side("pristine", python, work_dir / "torch_extensions-pristine", info["package_dir"]))
-        infos["pristine"] = info
-
+    sides, infos, identity = the_sides(args, work_dir, pin, tests_sha256)
     results, trees = {}, {}
     for side in sides:
         # What this side's outcomes depend on: the tests, the environment and this side's own code (so
@@ -330,41 +283,110 @@ def run_in(args, work_dir):
         return {test_id: result for test_id, result in outcomes.tests.items() if result["unit"] in unit_keys}
 
     fork_tests = of_units(results["fork"])
-    if replay:
-        path = args.pristine_baseline or baseline.default_path(args.tier)
-        pristine_tests, recorded_ops, recorded_machine = baseline.load(path, identity, unit_keys, fork_info["ops"],
-                                                                       fork_info["machine"])
-        source = f"recorded baseline {Path(path).name}"
-        if recorded_ops is None:
-            source += (" (recorded before baselines kept which ops their machine could build: a test that needs "
-                       "a system library, such as async_io's libaio, may differ for that alone; this machine "
-                       f"builds {', '.join(name for name, builds in fork_info['ops'].items() if builds)})")
-        if recorded_machine is None:
-            source += (" (recorded before baselines kept their machine's CPU vendor and dtypes: a test that skips "
-                       "without fp16, or on one vendor, may differ for that alone; this machine: "
-                       f"{baseline.describe_machine(fork_info['machine'])})")
+    if args.pristine_baseline is not None:
+        pristine_tests, source = replayed_pristine(args, identity, unit_keys, infos["fork"])
     else:
-        pristine_tests = of_units(results["pristine"])
-        source = "run side by side"
-    from patch_facts import load as load_facts
-    rows = compare(fork_tests, pristine_tests, load_facts().explained_outcomes())
+        pristine_tests, source = of_units(results["pristine"]), "run side by side"
     title = f"Upstream tests, {'files' if args.files else args.tier + ' tier'}: fork vs pristine"
     if len(unit_keys) < len(units):
         title += f" ({len(unit_keys)} of {len(units)} test files so far)"
+    report_md = Path(args.report) if args.report else work_dir / "report.md"
+    regressions = write_comparison(title, identity, fork_tests, pristine_tests, source, results_dir, report_md)
+    if args.tier == "patch-tests" and not args.files:
+        return patch_test_verdicts(added, fork_tests, pristine_tests, report_md)
+    return 1 if regressions else 0
+
+
+def the_sides(args, work_dir, pin, tests_sha256):
+    """``(sides, infos, identity)``: the sides this run executes (pristine's only when it runs, not replayed),
+    each interpreter's probe, and what both sides' outcomes depend on. SetupError when the sides cannot be compared."""
+    # Interpreters run from other directories: a relative path is taken from here (not resolved: a
+    # venv's python is a symlink whose target is outside the venv).
+    args.fork_python = os.path.abspath(args.fork_python)
+    if args.pristine_python:
+        args.pristine_python = os.path.abspath(args.pristine_python)
+    fork_info = describe_python(args.fork_python)
+    infos = {"fork": fork_info}  # each interpreter is probed once (the probe imports deepspeed: seconds)
+    if "+gafix." not in fork_info["deepspeed"]:
+        raise SetupError(f"--fork-python {args.fork_python} has deepspeed {fork_info['deepspeed']}, not the fork")
+    if args.only != "pristine" and not args.report_only:
+        check_launcher("--fork-python", args.fork_python)
+    identity = {
+        "pin_sha256": pin.sha256,
+        "pristine_version": pin.version,
+        "fork_version": fork_info["deepspeed"],
+        "tests_sha256": tests_sha256,
+        "torch": fork_info["torch"],
+        "pytest": fork_info["pytest"],
+        "python": fork_info["python"],
+        "local_size": args.local_size,
+    }
+    sides = []
+    if args.only != "pristine":
+        fork_extensions = Path(args.fork_extensions_dir or work_dir / "torch_extensions-fork").resolve()
+        sides.append(Side("fork", args.fork_python, fork_extensions, fork_info["package_dir"]))
+    if args.only != "fork" and args.pristine_baseline is None:
+        infos["pristine"] = pristine_info(args, pin, fork_info)
+        sides.append(
+            Side("pristine", infos["pristine"]["interpreter"], work_dir / "torch_extensions-pristine",
+                 infos["pristine"]["package_dir"]))
+    return sides, infos, identity
+
+
+def pristine_info(args, pin, fork_info):
+    """The probe of the pristine interpreter (its path under "interpreter"); SetupError unless it runs pristine
+    upstream on the fork's torch, pytest, Python and packages."""
+    python = pristine_python(args.pristine_python, args.fork_python)
+    info = dict(describe_python(python), interpreter=python)
+    if info["deepspeed"] != pin.version:
+        raise SetupError(f"--pristine-python {python} has deepspeed {info['deepspeed']}, not pristine "
+                         f"{pin.version} (upstream.json)")
+    if not args.report_only:
+        check_launcher("--pristine-python", python)
+    differs = [key for key in ("torch", "pytest", "python") if info[key] != fork_info[key]]
+    if differs:
+        raise SetupError("the sides differ in " + ", ".join(f"{key} (fork {fork_info[key]}, pristine {info[key]})"
+                                                            for key in differs))
+    only = sorted(set(info["packages"]) ^ set(fork_info["packages"]))
+    if only:
+        raise SetupError(
+            f"the two interpreters have different packages installed ({', '.join(only[:6])}"
+            f"{' ...' if len(only) > 6 else ''}): install the same in both (docs/develop/upstream_suite.md)")
+    return info
+
+
+def replayed_pristine(args, identity, unit_keys, fork_info):
+    """Pristine's outcomes from a baseline, and the report's line on where they came from."""
+    path = args.pristine_baseline or baseline.default_path(args.tier)
+    pristine_tests, recorded_ops, recorded_machine = baseline.load(path, identity, unit_keys, fork_info["ops"],
+                                                                   fork_info["machine"])
+    source = f"recorded baseline {Path(path).name}"
+    if recorded_ops is None:
+        source += (" (recorded before baselines kept which ops their machine could build: a test that needs "
+                   "a system library, such as async_io's libaio, may differ for that alone; this machine "
+                   f"builds {', '.join(name for name, builds in fork_info['ops'].items() if builds)})")
+    if recorded_machine is None:
+        source += (" (recorded before baselines kept their machine's CPU vendor and dtypes: a test that skips "
+                   "without fp16, or on one vendor, may differ for that alone; this machine: "
+                   f"{baseline.describe_machine(fork_info['machine'])})")
+    return pristine_tests, source
+
+
+def write_comparison(title, identity, fork_tests, pristine_tests, source, results_dir, report_md):
+    """Compare the sides, write the report (Markdown and JSON) and print it: the regressions."""
+    from patch_facts import load as load_facts
+    rows = compare(fork_tests, pristine_tests, load_facts().explained_outcomes())
     markdown = report.as_markdown(title, identity, rows, fork_tests, pristine_tests, source)
     rerun_line = reruns.summary(results_dir)
     if rerun_line:
         markdown += "\n" + rerun_line + "\n"
-    report_md = Path(args.report) if args.report else work_dir / "report.md"
     report_md.parent.mkdir(parents=True, exist_ok=True)
     report_md.write_text(markdown)
     report_md.with_suffix(".json").write_text(report.as_json(identity, rows, fork_tests, pristine_tests, source))
     print(markdown)
     regressions = [row for row in rows if row.category == REGRESSION]
     print(f"{len(regressions)} regression(s); report: {report_md} (+ .json)")
-    if args.tier == "patch-tests" and not args.files:
-        return patch_test_verdicts(added, fork_tests, pristine_tests, report_md)
-    return 1 if regressions else 0
+    return regressions
 
 
 def run_units(units, sides, trees, results, args, log_dir, echo):

@@ -86,6 +86,7 @@ def parse_args(argv=None):
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_input_arguments(parser)
     _add_training_arguments(parser)
+    _add_loop_arguments(parser)
     _add_run_arguments(parser)
     return parser.parse_args(argv)
 
@@ -111,7 +112,7 @@ def _add_input_arguments(parser):
 
 
 def _add_training_arguments(parser):
-    """How each split trains and what it is compared with."""
+    """The splits, the steps, the optimizer, and the parallelism each split trains with."""
     parser.add_argument("--splits",
                         help="per-rank micro-batch x GAS splits of the same batch (default: 16x1,8x2,4x4,2x8, or "
                         "halvings of --data's fixed batch)")
@@ -138,6 +139,10 @@ def _add_training_arguments(parser):
                         help="how each sequence-parallel rank writes its loss: its chunk's share of the sample's "
                         "(default), or the shares gathered over the group and summed, as the long-sequence (ALST) "
                         "tutorial, the Hugging Face Trainer and accelerate do")
+
+
+def _add_loop_arguments(parser):
+    """The training loop, the data's items, what a split is compared with, and how the engine is built."""
     parser.add_argument("--loop",
                         default="step_every_micro_batch",
                         choices=["step_every_micro_batch", "boundary", "step_once"],
