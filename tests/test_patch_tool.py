@@ -16,6 +16,7 @@ import pytest
 from helpers.repo import REPO, copy_repo
 
 from gafix_build import assemble_tree, load_pin, obtain_sdist, read_series
+from patch_facts import patch_name
 from gafix_build.sdist import extract_sdist
 
 
@@ -81,7 +82,7 @@ def test_check_fails_on_a_patch_without_signoff_test_or_changelog_entry(repo_cop
     untested.write_text(
         text.replace(text[text.index("\nTest:"):text.index("\n---\n")],
                      "\nTest: tests/no_such_test.py covers it.\n\nSigned-off-by: A <a@b.c>"))
-    name = unlisted.stem.split("-", 1)[1]
+    name = patch_name(unlisted.name)
     changelog = repo_copy / "CHANGELOG.md"
     changelog.write_text(changelog.read_text().replace(name, "a patch"))
     proc = patches_tool(repo_copy, "check")

@@ -15,6 +15,8 @@
 import re
 from pathlib import Path
 
+from patch_facts import patch_name
+
 _TEST_PATH = re.compile(r"\btests/[\w/.-]+\.py\b")
 _UPSTREAM_TEST = re.compile(r"^tests/unit/(?:[\w.-]+/)*test_[\w.-]+\.py$")
 
@@ -61,7 +63,7 @@ def problems(patch_path, repo, changelog_text, not_for_upstream=()):
     if number not in not_for_upstream and not own:
         found.append(f"{patch_path.name}: it adds no upstream-style test of its own (a tests/unit/.../test_*.py "
                      "file named in its 'Test:' paragraph)")
-    name = patch_path.stem.split("-", 1)[1]
+    name = patch_name(patch_path.name)
     if name not in changelog_text:
         found.append(f"{patch_path.name}: CHANGELOG.md has no entry naming it ({name})")
     return found

@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from patch_facts import patch_name
 from upstream_suite.execute import Unit
 from upstream_suite.outcomes import kind_of
 from toolkit import tables
@@ -34,7 +35,7 @@ class PatchTest:
     @property
     def name(self):
         """The patch's name: its stem without the number, which a reordered series changes."""
-        return self.patch.split("-", 1)[1]
+        return patch_name(self.patch)
 
 
 class PatchTestError(Exception):

@@ -19,6 +19,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from patch_facts import patch_name
 from upstream_suite import patch_tests
 from upstream_suite.execute import Side
 from upstream_suite.outcomes import kind_of
@@ -97,7 +98,7 @@ def as_markdown(rows):
     for prefix, outcomes, ok in rows:
         files = "; ".join(f"`tests/{test.path}`" for test in prefix.tests) or "(none)"
         lines.append(
-            f"| {prefix.bundle.name.split('-', 1)[1]} | {files} | {patch_tests.tally(outcomes)} | {verdict_text(outcomes, ok)} |"
+            f"| {patch_name(prefix.bundle.name)} | {files} | {patch_tests.tally(outcomes)} | {verdict_text(outcomes, ok)} |"
         )
     return "\n".join(lines)
 

@@ -295,6 +295,11 @@ def under_launcher():
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
+def world_of(args):
+    """The ranks the check runs on: the launcher's, or --ranks before this command launches them."""
+    return int(os.environ["WORLD_SIZE"]) if under_launcher() else args.ranks
+
+
 def free_port():
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -389,7 +394,7 @@ def sequence_parallel(args):
         return None
     from .sequence import SequenceParallel
     sequence = SequenceParallel(args.sequence_parallel, args.sequence_parallel_loss)
-    world = int(os.environ["WORLD_SIZE"]) if under_launcher() else args.ranks
+    world = world_of(args)
     if world % sequence.size:
         raise ValueError(f"--sequence-parallel {sequence.size} does not divide {world} ranks")
     if args.restart is not None:
@@ -410,7 +415,7 @@ def number_refusal(args):
 def stages_refusal(args):
     """--pipeline-stages that do not divide the ranks, in one line; None when they do."""
     stages = args.pipeline_stages
-    world = int(os.environ["WORLD_SIZE"]) if under_launcher() else args.ranks
+    world = world_of(args)
     ranks = f"{world} rank(s)" + ("" if under_launcher() else f" (--ranks {world})")
     if stages and world % stages:
         return (f"--pipeline-stages {stages}: each stage runs on its own ranks, so the stages must divide the "
@@ -438,10 +443,6 @@ class Request:
     notes: list
     options: CheckOptions  # its splits None until the ranks know their number, where --splits is not given
     restart_plan: object = None  # restart.RestartPlan of ds_gas_check --restart, before its two launches
-
-    @property
-    def world(self):
-        return int(os.environ["WORLD_SIZE"]) if under_launcher() else self.args.ranks
 
 
 def prepare(args):
@@ -482,8 +483,8 @@ def preflight_verdict(request):
         if refusal:
             print(f"ds_gas_check: error: {refusal}", file=sys.stderr)
             return 2
-    checks = ([([plan.before], request.world),
-               ([plan.after], plan.ranks_after)] if plan is not None else [(request.options.splits, request.world)])
+    checks = ([([plan.before], world_of(args)),
+               ([plan.after], plan.ranks_after)] if plan is not None else [(request.options.splits, world_of(args))])
     for index, (phase_splits, phase_world) in enumerate(checks):
         verdict = run_preflight(request.config, phase_splits, phase_world, args, told=index == 0)
         # An error stops at once; --preflight's pass (0) is told once every number of ranks passed.
