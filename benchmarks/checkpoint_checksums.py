@@ -12,15 +12,10 @@ records, in turns on one CPU rank; and the CRC32 of the tag's files alone, per G
 import glob
 import os
 import statistics
-import sys
 import tempfile
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from toolkit import tables  # noqa: E402
-from safe_load import one_rank_engine, timed  # noqa: E402
+from toolkit import tables
+from safe_load import one_rank_engine, timed
 
 
 def main():

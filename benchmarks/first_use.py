@@ -16,15 +16,11 @@ and FusedAdam's CPU op are listed for reference. ``--ops`` picks.
 import argparse
 import json
 import subprocess
-import sys
 import tempfile
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-
-from toolkit import options, tables  # noqa: E402
-from toolkit.sides import pristine_python  # noqa: E402
+from toolkit import options, tables
+from toolkit.sides import pristine_python
 
 LOADS = {
     "shm_comm": "from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder as B; B().load()",

@@ -39,10 +39,9 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve()
-sys.path.insert(0, str(HERE.parents[1] / "tools"))
 
-from toolkit.ports import free_port  # noqa: E402
-from toolkit import tables  # noqa: E402
+from toolkit.ports import free_port
+from toolkit import tables
 
 # name -> (hidden, layers, intermediate, heads, vocab)
 LLAMA = {

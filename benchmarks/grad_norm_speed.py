@@ -34,14 +34,11 @@ profiler): the op's cost to the GPU, without the host's launch overhead, which b
 import argparse
 import json
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-from toolkit import options, tables  # noqa: E402
+from toolkit import options, tables
 
 MODELS = {"gpt2-125m": (768, 12), "gpt2-350m": (1024, 24)}  # hidden, layers (vocab 50257, context 1024)
 

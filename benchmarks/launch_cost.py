@@ -14,15 +14,11 @@ wall time and the CPU time of every process it started.
 import argparse
 import os
 import resource
-import sys
 import tempfile
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-
-from toolkit import REPO, tables  # noqa: E402
-from toolkit.launch import deepspeed_command, local_ranks_command, run_launcher  # noqa: E402
+from toolkit import REPO, tables
+from toolkit.launch import deepspeed_command, local_ranks_command, run_launcher
 
 PROBE = REPO / "tests" / "workers" / "launch_probe.py"
 WAYS = {"deepspeed launcher": deepspeed_command, "tools/toolkit/local_ranks.py": local_ranks_command}

@@ -20,13 +20,9 @@ BF16_Optimizer) it rides in the first gradient bucket's all-reduce, and the step
 import argparse
 import json
 import subprocess
-import sys
 import tempfile
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-
-from toolkit import REPO, options, tables  # noqa: E402
+from toolkit import REPO, options, tables
 
 CASES = [
     "zero0_fp32", "zero0_fp16", "zero0_fp16_fused_adam", "zero1_fp32", "zero2_fp32", "zero1_offload_fp32",

@@ -32,10 +32,8 @@ from pathlib import Path
 
 import torch
 
-HERE = Path(__file__).resolve()
-sys.path[:0] = [str(HERE.parent), str(HERE.parents[1] / "tools")]
-from grad_norm_speed import MODELS, gpt2_gradient_shapes  # noqa: E402
-from toolkit import tables  # noqa: E402
+from grad_norm_speed import MODELS, gpt2_gradient_shapes
+from toolkit import tables
 
 
 def sync(device):

@@ -17,14 +17,11 @@ the load left on disk beside the checkpoint.
 import argparse
 import json
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-
-from toolkit import REPO, tables  # noqa: E402
-from toolkit.launch import deepspeed_command, run_launcher  # noqa: E402
+from toolkit import REPO, tables
+from toolkit.launch import deepspeed_command, run_launcher
 
 WORKER = REPO / "benchmarks" / "reshard_worker.py"
 GIB = 2**30

@@ -13,15 +13,11 @@ import argparse
 import glob
 import os
 import statistics
-import sys
 import tempfile
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-
-from toolkit import tables  # noqa: E402
-from toolkit.ports import free_port  # noqa: E402
+from toolkit import tables
+from toolkit.ports import free_port
 
 WIDTH = 2048
 

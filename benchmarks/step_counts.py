@@ -39,13 +39,12 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve()
-sys.path[:0] = [str(HERE.parent), str(HERE.parents[1] / "tools")]
 
-from device_profile import per_micro_step, summary  # noqa: E402
-from step_time import engine_config  # noqa: E402
-from toolkit import options, tables  # noqa: E402
-from toolkit.ports import free_port  # noqa: E402
-from toolkit.sides import clean_environ, pristine_python  # noqa: E402
+from device_profile import per_micro_step, summary
+from step_time import engine_config
+from toolkit import options, tables
+from toolkit.ports import free_port
+from toolkit.sides import clean_environ, pristine_python
 
 GAS = 8
 MICRO = 2

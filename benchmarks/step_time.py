@@ -35,11 +35,10 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve()
-sys.path[:0] = [str(HERE.parent), str(HERE.parents[1] / "tools")]
 
-from toolkit import options, tables  # noqa: E402
-from toolkit.ports import free_port  # noqa: E402
-from toolkit.sides import pristine_python  # noqa: E402
+from toolkit import options, tables
+from toolkit.ports import free_port
+from toolkit.sides import pristine_python
 
 # hidden, layers, heads, vocab, context
 GPT2 = {

@@ -13,10 +13,13 @@ from pathlib import Path
 
 import pytest
 
-# The maintainers' tools are modules under tools/ that tests import by name (gpu_check, patches, upstream_suite), on
-# sys.path through pyproject.toml's pytest pythonpath; toolkit appends the build backend's root (gafix_build), after
-# the installed packages, so the repository's deepspeed/ overlay never shadows the installed deepspeed.
-import toolkit  # noqa: F401
+# The tests import the maintainers' layer (toolkit, the tiers, the tools' modules: gpu_check, patches, upstream_suite)
+# from its editable install, tools/pyproject.toml, which README's test command makes.
+try:
+    import toolkit  # noqa: F401
+except ImportError as err:
+    raise ImportError("the maintainers' layer is not installed in this environment: pip install -e tools "
+                      "(README's test command does)") from err
 
 # Run first, costliest first (CI's times by module: tools/ci-time); the other modules follow in their own order. With
 # README's two pytest-xdist workers (-n 2 --dist loadfile: a module's tests, and the launch they share, stay on one

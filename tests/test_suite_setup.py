@@ -20,13 +20,21 @@ def test_readme_commands_are_read_as_ci_reads_them():
     from toolkit import readme
     assert readme.command("install-and-demo").startswith("pip install ")
     assert " python -m pytest tests" in readme.command("test")
-    ci = subprocess.run([sys.executable, "-m", "toolkit.readme", "test"],
+    # CI reads them before it makes its venv: -S, no site-packages (no layer, no deepspeed) and no PYTHONPATH.
+    ci = subprocess.run([sys.executable, "-S", str(REPO / "tools" / "readme-command"), "test"],
                         cwd=REPO,
-                        env={"PYTHONPATH": str(REPO / "tools")},
+                        env={},
                         stdout=subprocess.PIPE,
                         text=True,
                         check=True)
     assert ci.stdout.strip() == readme.command("test")
+    missing = subprocess.run(
+        [sys.executable, "-S", str(REPO / "tools" / "readme-command"), "no-such-command"],
+        env={},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True)
+    assert missing.returncode == 1 and "<!-- command: no-such-command -->" in missing.stderr
 
 
 def test_a_missing_command_is_an_error_naming_its_marker(tmp_path):
@@ -61,8 +69,7 @@ def test_a_second_builder_of_a_venv_waits_for_the_first(tmp_path):
     (without the lock both built it, each deleting what the other installed)."""
     venv = tmp_path / "venv"
     builder = textwrap.dedent(f"""
-        import sys, time
-        sys.path.insert(0, {str(REPO / "tools")!r})
+        import time
         from pathlib import Path
         from toolkit import venvs
         venv = Path({str(venv)!r})
@@ -82,3 +89,17 @@ def test_a_second_builder_of_a_venv_waits_for_the_first(tmp_path):
     left = float(first_out.split("left")[1].split()[0])
     entered = float(second_out.split()[1])
     assert entered >= left, "the second builder entered while the first held the venv"
+
+
+def test_the_layer_installs_every_module_under_tools():
+    """tools/pyproject.toml names what the editable install maps: a module or package it leaves out imports nowhere
+    (the repository's folders are not on sys.path)."""
+    import tomllib
+    from toolkit import readme
+    declared = tomllib.loads((REPO / "tools" / "pyproject.toml").read_text())["tool"]["setuptools"]
+    modules = {path.stem for path in (REPO / "tools").glob("*.py")}
+    packages = {path.parent.name for path in (REPO / "tools").glob("*/__init__.py")} | {"gafix_build"}
+    assert set(declared["py-modules"]) == modules
+    assert set(declared["packages"]) == packages
+    # README's test command installs it, so CI's and every user's run of the tests has it.
+    assert "-e tools" in readme.command("test")

@@ -440,10 +440,9 @@ def test_a_regression_runs_again_once_on_the_record(tmp_path):
 RUN_ONE_UNIT = """
 import sys
 from pathlib import Path
-sys.path.insert(0, sys.argv[1])
 from upstream_suite.execute import Side, Unit, run_unit
 from upstream_suite.outcomes import SideOutcomes
-root = Path(sys.argv[2])
+root = Path(sys.argv[1])
 outcomes = SideOutcomes(root / "results.json", {"who": "test"})
 run_unit(Side("fork", sys.executable, root / "ext", str(root)), Unit("unit/test_synthetic.py"), root / "tests", outcomes,
          timeout_s=600, log_dir=root / "logs", local_size=0)
@@ -463,9 +462,7 @@ def orphans(root):
 def test_outcomes_are_kept_when_the_runner_is_killed_inside_a_file(tmp_path):
     """A long tier is stopped wherever it is (a session ends): what finished before must be on disk."""
     synthetic_tree(tmp_path)
-    runner = subprocess.Popen(
-        [sys.executable, "-c", RUN_ONE_UNIT, str(REPO / "tools"),
-         str(tmp_path)], start_new_session=True)
+    runner = subprocess.Popen([sys.executable, "-c", RUN_ONE_UNIT, str(tmp_path)], start_new_session=True)
     results = tmp_path / "results.json"
     xfails = "unit/test_synthetic.py::test_xfails"  # the last test before test_hangs (which sleeps 600 s)
     try:
@@ -718,19 +715,22 @@ def _holding(path):
     return holder
 
 
-def test_a_lock_or_buffer_a_running_process_holds_stays_and_one_left_by_a_dead_process_goes(tmp_path):
+@pytest.mark.parametrize("left", ["deepspeed_allreduce_buffer_127.0.0.1_29500_0", "sem.mp-k3x9q2w1"])
+def test_a_lock_or_buffer_a_running_process_holds_stays_and_one_left_by_a_dead_process_goes(tmp_path, left):
     """``--jobs`` and the two sides run pytest processes beside each other: a JIT build lock or /dev/shm comm
-    buffer made while one ran may be another's, still in use (a rank not yet attached to a buffer removed
-    under it spins forever). What goes is what no process holds."""
-    from upstream_suite.execute import SHM_PREFIX, remove_left_shm_buffers, remove_stale_build_locks
+    buffer (or a multiprocessing pool's semaphore) made while one ran may be another's, still in use (a rank not yet
+    attached to a buffer removed under it spins forever). What goes is what no process holds; other files in
+    /dev/shm are not ours to remove."""
+    from upstream_suite.execute import remove_left_shm_buffers, remove_stale_build_locks
     from upstream_suite.held_files import held_paths
     lock = tmp_path / "ext" / "some_op" / "lock"
     lock.parent.mkdir(parents=True)
     lock.write_text("")
     shm = tmp_path / "shm"  # not /dev/shm: the names there may be a running test's
     shm.mkdir()
-    buffer = shm / f"{SHM_PREFIX}127.0.0.1_29500_0"
+    buffer = shm / left
     buffer.write_bytes(b"\0" * 64)
+    (shm / "torch_12345_67890").write_bytes(b"\0")  # another program's
     holders = [_holding(lock), _holding(buffer)]
     try:
         assert remove_stale_build_locks(tmp_path / "ext", held_paths()) == []
@@ -749,6 +749,7 @@ def test_a_lock_or_buffer_a_running_process_holds_stays_and_one_left_by_a_dead_p
     assert remove_stale_build_locks(tmp_path / "ext", None) == [lock]
     assert remove_left_shm_buffers({buffer.name}, None, shm) == [] and buffer.exists()
     assert remove_left_shm_buffers(set(), None, shm) == [buffer.name] and not buffer.exists()
+    assert (shm / "torch_12345_67890").exists()
 
 
 OVERLAP_TEST = """

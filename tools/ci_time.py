@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
 
 # DeepSpeed Team
@@ -53,7 +52,3 @@ def main(argv=None):
                      right=("seconds", "share", "run", "skipped"))))
     print(f"\n{len(rows)} modules, {total:.0f} s in all")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

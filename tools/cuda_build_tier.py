@@ -121,21 +121,9 @@ def cell(torch_version, cuda, args, work):
     row = {"torch": torch_version, "cuda": cuda, "arch_list": args.arch_list, "log": str(log)}
     venv = work / f"venv-{name}"
     python = str(venvs.python_of(venv))
-    venvs.create(venv, sys.executable, log)
-    code, seconds = venvs.pip_install(venv,
-                                      [f"torch=={torch_version}", "setuptools>=64", "wheel", *nvcc_packages(cuda)],
-                                      log,
-                                      timeout=3600)
-    if code != 0:
-        return dict(row, built=False, detail=f"installing torch/nvcc failed (exit {code})")
-    site = python_output(python, "import sysconfig; print(sysconfig.get_paths()['purelib'])", None, log).stdout
-    home = Path(args.cuda_home[cuda]) if cuda in args.cuda_home else lay_out_cuda_home(
-        site.strip(), work / f"cuda-home-{name}")
-    if home is None:
-        return dict(row,
-                    built=False,
-                    detail=f"no nvcc: the registry's packages {', '.join(nvcc_packages(cuda))} hold "
-                    f"no nvcc driver; pass --cuda-home {cuda}=DIR for a CUDA {cuda} toolkit")
+    home, failure = toolchain(venv, torch_version, cuda, args, work / f"cuda-home-{name}", log)
+    if failure:
+        return dict(row, built=False, detail=failure)
     version = subprocess.run([str(home / "bin" / "nvcc"), "--version"], capture_output=True, text=True).stdout
     row["nvcc"] = re.search(r"release ([\d.]+)", version).group(1) if "release" in version else "?"
     env = dict(os.environ,
@@ -147,6 +135,55 @@ def cell(torch_version, cuda, args, work):
                MAX_JOBS=str(os.cpu_count() or 2))
     if args.sdist:
         env["DS_GAFIX_UPSTREAM_SDIST"] = args.sdist
+    code, seconds, build_log = prebuild(venv, python, env, log)
+    row["prebuild_s"] = round(seconds)
+    row["gencode"] = sorted(set(re.findall(r"-gencode=arch=compute_\w+,code=(\w+)", build_log)))
+    if code != 0:
+        return dict(row, built=False, detail=last_line(build_log))
+    row["built"] = True
+
+    load_env = dict(env, TORCH_EXTENSIONS_DIR=str(work / f"ext-jit-{name}"))
+    load_env.pop("DS_BUILD_FUSED_NORM")
+    proc = python_output(python, f"import importlib; importlib.import_module({FUSED_NORM_OP!r}); print('loaded')",
+                         load_env, log)
+    row["loaded"] = proc.returncode == 0 and "loaded" in proc.stdout
+    if not row["loaded"]:
+        row["detail"] = last_line(proc.stderr)
+    row.update(cpu_path_comparison(python, work, name, load_env, log))
+    jit_code = (
+        "from deepspeed.ops.op_builder.fused_norm import FusedNormBuilder as B; "
+        "import time; t = time.time(); B().jit_load(verbose=False); print('jit built', round(time.time() - t))")
+    proc = python_output(python, jit_code, load_env, log)
+    row["jit"] = "built" if proc.returncode == 0 and "jit built" in proc.stdout else last_line(proc.stderr)[:160]
+    return row
+
+
+FUSED_NORM_OP = "deepspeed.ops.fused_norm.fused_norm_op"
+
+
+def toolchain(venv, torch_version, cuda, args, cuda_home, log):
+    """``venv`` with that torch and CUDA's nvcc (the registry's packages laid out as ``cuda_home``, or
+    ``--cuda-home``): ``(the CUDA home, None)``, or ``(None, why not)``."""
+    venvs.create(venv, sys.executable, log)
+    code, _ = venvs.pip_install(venv, [f"torch=={torch_version}", "setuptools>=64", "wheel", *nvcc_packages(cuda)],
+                                log,
+                                timeout=3600)
+    if code != 0:
+        return None, f"installing torch/nvcc failed (exit {code})"
+    if cuda in args.cuda_home:
+        return Path(args.cuda_home[cuda]), None
+    site = python_output(str(venvs.python_of(venv)), "import sysconfig; print(sysconfig.get_paths()['purelib'])", None,
+                         log).stdout
+    home = lay_out_cuda_home(site.strip(), cuda_home)
+    if home is None:
+        return None, (f"no nvcc: the registry's packages {', '.join(nvcc_packages(cuda))} hold "
+                      f"no nvcc driver; pass --cuda-home {cuda}=DIR for a CUDA {cuda} toolkit")
+    return home, None
+
+
+def prebuild(venv, python, env, log):
+    """The fork from this repository with the fused norm prebuilt (``DS_BUILD_FUSED_NORM=1``) into ``venv``:
+    ``(exit status, seconds, the build's part of the log)``."""
     # deepspeed's own requirements first: a later plain install of the repository would replace the CUDA build.
     venvs.pip_install(venv, UPSTREAM_REQUIREMENTS, log, timeout=3600)
     before = log.stat().st_size
@@ -156,27 +193,16 @@ def cell(torch_version, cuda, args, work):
         log,
         env=env,
         timeout=3600)
-    row["prebuild_s"] = round(seconds)
     with open(log) as f:
         f.seek(before)
-        build_log = f.read()
-    row["gencode"] = sorted(set(re.findall(r"-gencode=arch=compute_\w+,code=(\w+)", build_log)))
-    if code != 0:
-        return dict(row, built=False, detail=last_line(build_log))
-    row["built"] = True
+        return code, seconds, f.read()
 
-    load_env = dict(env, TORCH_EXTENSIONS_DIR=str(work / f"ext-jit-{name}"))
-    load_env.pop("DS_BUILD_FUSED_NORM")
-    module = "deepspeed.ops.fused_norm.fused_norm_op"
-    proc = python_output(python, f"import importlib; importlib.import_module({module!r}); print('loaded')", load_env,
-                         log)
-    row["loaded"] = proc.returncode == 0 and "loaded" in proc.stdout
-    if not row["loaded"]:
-        row["detail"] = last_line(proc.stderr)
 
+def cpu_path_comparison(python, work, name, load_env, log):
+    """The prebuilt CUDA binary's CPU path against a CPU-only JIT build, on the same tensors, bit for bit."""
     tensors = work / "tensors.pt"
     subprocess.run([python, "-c", TENSORS, str(tensors)], check=True, cwd="/")
-    cuda_binary = subprocess.run([python, "-c", SUMSQ, str(tensors), module],
+    cuda_binary = subprocess.run([python, "-c", SUMSQ, str(tensors), FUSED_NORM_OP],
                                  capture_output=True,
                                  text=True,
                                  env=load_env,
@@ -192,18 +218,14 @@ def cell(torch_version, cuda, args, work):
                   f"cpu-only build: {cpu_only.stdout}{cpu_only.stderr[-2000:]}\n")
     if cuda_binary.returncode == 0 and cpu_only.returncode == 0:
         a, b = json.loads(last_line(cuda_binary.stdout)), json.loads(last_line(cpu_only.stdout))
-        row["cpu_path_equal"] = all(a[key] == b[key] for key in ("total", "nonfinite", "per"))
-        row["sum_of_squares"] = a["value"]
-    else:
-        row["cpu_path_equal"] = False
-        row["detail"] = last_line(cuda_binary.stderr if cuda_binary.returncode else cpu_only.stderr)
-
-    jit_code = (
-        "from deepspeed.ops.op_builder.fused_norm import FusedNormBuilder as B; "
-        "import time; t = time.time(); B().jit_load(verbose=False); print('jit built', round(time.time() - t))")
-    proc = python_output(python, jit_code, load_env, log)
-    row["jit"] = "built" if proc.returncode == 0 and "jit built" in proc.stdout else last_line(proc.stderr)[:160]
-    return row
+        return {
+            "cpu_path_equal": all(a[key] == b[key] for key in ("total", "nonfinite", "per")),
+            "sum_of_squares": a["value"]
+        }
+    return {
+        "cpu_path_equal": False,
+        "detail": last_line(cuda_binary.stderr if cuda_binary.returncode else cpu_only.stderr)
+    }
 
 
 def markdown(rows):
@@ -256,7 +278,3 @@ def main():
         Path(args.json).write_text(json.dumps({"arch_list": args.arch_list, "rows": rows}, indent=1) + "\n")
     ok = all(r.get("built") and r.get("loaded") and r.get("cpu_path_equal") for r in rows)
     return 0 if ok else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

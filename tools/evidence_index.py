@@ -281,15 +281,15 @@ REPORTS = [
     ("sequence_parallel.md", "Sequence parallelism against fp64, both loss recipes",
      "python -m pytest tests/test_sp_norm.py", sequence_parallel),
     ("grad_norm.md", "The grad norm: speed, collectives, MoE / TP / SP / AutoEP against fp64",
-     "python benchmarks/grad_norm_speed.py; python tools/norm_error_table.py",
+     "python benchmarks/grad_norm_speed.py; tools/norm_error_table.py",
      "page: the fork's norm within fp32 rounding of fp64 on every path, in 1 collective; 0.19.8's off by up to "
      "23% (fp16 MoE), missing, or hanging on the paths each table names"),
-    ("gas_matrix.md", "GAS invariance of every engine path, fork and pristine releases", "python tools/gas_matrix.py",
+    ("gas_matrix.md", "GAS invariance of every engine path, fork and pristine releases", "tools/gas_matrix.py",
      "page: the fork passes every case; 0.19.8 fails fp16 without ZeRO, clipped fp32 pipelines and fp16 "
      "loss-scale growth"),
     ("per_item_loss.md", "Per-item losses against the fp64 item mean", "python -m pytest tests/test_per_item_loss.py",
      "page: per_item within 1.3e-6 (fp32) of the global item mean at every split, mean mode 5.5% to 26% off"),
-    ("hf_trainer.md", "Hugging Face Trainer versions", "python tools/hf_matrix.py",
+    ("hf_trainer.md", "Hugging Face Trainer versions", "tools/hf_matrix.py",
      "page: transformers 5.24.0 and 5.23.0 with accelerate 1.15.0 right on every case, fork and 0.19.8 alike"),
     ("crash_resume.md", "A rank killed in training or in a save",
      "python -m pytest tests/test_crash_resume.py --run-slow", crash_resume),
@@ -335,7 +335,3 @@ def main(argv=None):
     INDEX.write_text(text)
     print(f"wrote {INDEX.relative_to(REPO)}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

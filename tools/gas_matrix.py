@@ -8,10 +8,10 @@ Runs tests/workers/gas_checker.py (every engine path of tests/test_gas_check.py,
 with the python that runs this script, so the same command gives the fork's matrix and, from
 another environment, pristine upstream's:
 
-    python tools/gas_matrix.py                                        # the installed fork
+    tools/gas_matrix.py                                        # the installed fork
     "$(tools/test-against-upstream --venv 0.19.8)" tools/gas_matrix.py         # after tools/test-against-upstream
-    python tools/gas_matrix.py --parallel                             # MoE, Ulysses SP, AutoTP rows instead
-    python tools/gas_matrix.py --parallel --rows moe_tp2              # only the MoE-under-TP rows
+    tools/gas_matrix.py --parallel                             # MoE, Ulysses SP, AutoTP rows instead
+    tools/gas_matrix.py --parallel --rows moe_tp2              # only the MoE-under-TP rows
 """
 
 import argparse

@@ -472,7 +472,36 @@ def markdown(record):
     return "\n".join(lines) + "\n"
 
 
-def main(argv=None):
+def run_check(check, argv, run_env, out):
+    """Run one check's command, its output in ``out/<name>.log``; its row: command, result, detail, seconds."""
+    started = time.time()
+    with open(out / f"{check.name}.log", "w") as log:
+        try:
+            proc = subprocess.run(argv,
+                                  cwd=REPO,
+                                  env=run_env,
+                                  stdout=subprocess.PIPE,
+                                  stderr=log,
+                                  text=True,
+                                  timeout=check.timeout)
+            returncode, stdout = proc.returncode, proc.stdout
+        except subprocess.TimeoutExpired as err:
+            returncode, stdout = 124, err.stdout or ""
+            stdout = stdout if isinstance(stdout, str) else stdout.decode(errors="replace")
+        log.write(stdout)
+    if check.name == "norm-bandwidth":
+        (out / "norm-bandwidth.json").write_text(stdout)
+    passed, detail = check.judge(returncode, out)
+    return {
+        "command": " ".join(argv),
+        "result": "PASS" if passed else "FAIL",
+        "detail": detail,
+        "seconds": round(time.time() - started)
+    }
+
+
+def parse_args(argv):
+    """The options, and the checks they select."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dry-run", action="store_true", help="list the checks; check their commands exist")
     options.add_sides(parser)
@@ -483,13 +512,16 @@ def main(argv=None):
     parser.add_argument("--only", nargs="+", help="run only these checks")
     parser.add_argument("--skip", nargs="+", default=[], help="leave these checks out")
     args = parser.parse_args(argv)
-
     everything = checks()
     names = [c.name for c in everything]
     unknown = [n for n in (args.only or []) + args.skip if n not in names]
     if unknown:
         parser.error(f"unknown check(s) {unknown}; known: {', '.join(names)}")
-    selected = [c for c in everything if (not args.only or c.name in args.only) and c.name not in args.skip]
+    return args, [c for c in everything if (not args.only or c.name in args.only) and c.name not in args.skip]
+
+
+def main(argv=None):
+    args, selected = parse_args(argv)
     if args.dry_run:
         return dry_run(selected, args)
 
@@ -529,35 +561,11 @@ def main(argv=None):
             row.update(result="NOT RUN", detail="needs " + ", ".join(missing))
             all_ok = False
         else:
-            argv_ = fill(check.argv, values)
-            row["command"] = " ".join(argv_)
-            started = time.time()
-            with open(out / f"{check.name}.log", "w") as log:
-                try:
-                    proc = subprocess.run(argv_,
-                                          cwd=REPO,
-                                          env=run_env,
-                                          stdout=subprocess.PIPE,
-                                          stderr=log,
-                                          text=True,
-                                          timeout=check.timeout)
-                    returncode, stdout = proc.returncode, proc.stdout
-                except subprocess.TimeoutExpired as err:
-                    returncode, stdout = 124, err.stdout or ""
-                    stdout = stdout if isinstance(stdout, str) else stdout.decode(errors="replace")
-                log.write(stdout)
-            if check.name == "norm-bandwidth":
-                (out / "norm-bandwidth.json").write_text(stdout)
-            passed, detail = check.judge(returncode, out)
-            row.update(result="PASS" if passed else "FAIL", detail=detail, seconds=round(time.time() - started))
-            all_ok = all_ok and passed
+            row.update(run_check(check, fill(check.argv, values), run_env, out))
+            all_ok = all_ok and row["result"] == "PASS"
         record["checks"].append(row)
         print(f"gpu-check: {check.name}: {row['result']} ({row['detail']})", flush=True)
         (out / "record.json").write_text(json.dumps(record, indent=1) + "\n")
         (out / "record.md").write_text(markdown(record))
     print(markdown(record))
     return 0 if all_ok else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

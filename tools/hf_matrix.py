@@ -5,10 +5,11 @@
 """Print the Hugging Face Trainer matrix of the installed transformers/accelerate/deepspeed as Markdown.
 
 Runs tests/workers/hf_trainer.py (the grid of tests/test_hf_trainer.py: one launch on 1 rank, one on
-2) with the python that runs this script, so the same command judges any installed combination:
+2) with the python that runs this script (the active venv's), so the same command judges any installed combination
+(a venv with the maintainers' layer installed: ``pip install -e tools``):
 
-    python tools/hf_matrix.py                          # the fork + the pinned transformers/accelerate
-    /path/to/other-venv/bin/python tools/hf_matrix.py  # e.g. transformers 5.3.0 + deepspeed 0.18.9
+    tools/hf_matrix.py          # the fork + the pinned transformers/accelerate; in another venv, e.g. transformers
+                                # 5.3.0 + deepspeed 0.18.9, the same command with that venv active
 
 Each cell is PASS, or the applied gradient's factor against the fp64 reference at step 1 / step 2,
 or "= reference, != none" when it is right but the same split without DeepSpeed is not, or the first

@@ -9,7 +9,7 @@ The worker (tests/workers/moe_norm.py, or moe_tp_norm.py with ``--worker moe_tp`
 ``update_error`` and ``collectives_in_boundary_step``; case names are ``<path>_m<micro>_g<gas>``. Each
 cell is the largest error over the splits and ranks (collectives: every value seen).
 
-    python tools/norm_error_table.py --pristine-python "$(tools/test-against-upstream --venv 0.19.8)"
+    tools/norm_error_table.py --pristine-python "$(tools/test-against-upstream --venv 0.19.8)"
 """
 
 import argparse

@@ -130,7 +130,3 @@ def main():
     results = json.loads(results_path.read_text())
     (args.out / "report.md").write_text(report(results))
     print(f"wrote {args.out / 'report.md'}")
-
-
-if __name__ == "__main__":
-    main()

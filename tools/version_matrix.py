@@ -26,7 +26,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -125,8 +124,8 @@ def run_cell(torch_version, python, matrix_dir, tree, pytest_args):
     if venvs.create(venv, base_python, log, env, tree):
         return failed("venv")
     for what, args in ((f"pip install torch=={torch_version}", [f"torch=={torch_version}"]),
-                       ("pip install . (the fork)", ["."]), ("pip install -r tests/requirements.txt",
-                                                             ["-r", "tests/requirements.txt"])):
+                       ("pip install . (the fork)", ["."]), ("pip install -r tests/requirements.txt -e tools",
+                                                             ["-r", "tests/requirements.txt", "-e", "tools"])):
         if venvs.pip_install(venv, args, log, env, tree)[0]:
             return failed(what)
     probe = subprocess.run(
@@ -148,23 +147,28 @@ def run_cell(torch_version, python, matrix_dir, tree, pytest_args):
     result.update(pytest_exit=rc, seconds=round(time.time() - started))
     if not junit.exists():
         return failed("pytest (no JUnit XML written)")
+    result.update(junit_summary(junit))
+    return result
+
+
+def junit_summary(junit):
+    """A cell's outcomes: counts, each failure's message, the skip reasons, and the patch tier's verdict."""
     outcomes = junit_outcomes(junit)
-    counts = {
+    summary = {
         kind: sum(1 for outcome, _ in outcomes.values() if outcome == kind)
         for kind in ("passed", "failed", "skipped")
     }
-    result.update(counts)
-    result["failures"] = {test_id: message for test_id, (outcome, message) in outcomes.items() if outcome == "failed"}
-    result["skip_reasons"] = skip_reasons(outcomes)
+    summary["failures"] = {test_id: message for test_id, (outcome, message) in outcomes.items() if outcome == "failed"}
+    summary["skip_reasons"] = skip_reasons(outcomes)
     tier = outcomes.get(PATCH_TIER_TEST)
     if tier is None:
-        result["patch_tier"] = "not run"
+        summary["patch_tier"] = "not run"
     elif tier[0] == "passed":
-        result["patch_tier"] = "0 regressions"
+        summary["patch_tier"] = "0 regressions"
     else:
         found = re.search(r"assert (\d+) == 0", tier[1])
-        result["patch_tier"] = f"{found.group(1)} regressions" if found else f"{tier[0]}: {tier[1][:120]}"
-    return result
+        summary["patch_tier"] = f"{found.group(1)} regressions" if found else f"{tier[0]}: {tier[1][:120]}"
+    return summary
 
 
 def drop_venvs(matrix_dir, torch_version, python):
@@ -263,7 +267,3 @@ def main():
     write_report(results, args.report)
     bad = [key for key, cell in results.items() if "stage_failed" in cell or cell.get("failed")]
     return 1 if bad else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

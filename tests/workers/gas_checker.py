@@ -11,23 +11,16 @@ import atexit
 import importlib
 import os
 import shutil
-import sys
 import tempfile
-from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+import torch
 
-try:
-    from deepspeed.gafix import gas_check
-except ImportError:  # pristine upstream: the checker is not installed, load it from the repository
-    sys.path.insert(0, str(HERE.parents[1] / "deepspeed" / "gafix"))
-    import gas_check
+from deepspeed.runtime.engine import DeepSpeedEngine
+from helpers.checker_module import gas_check as checker_package
+from helpers.rank_cases import force_fp16_on_cpu, run_cases
+from helpers.repo import load_script
 
-import torch  # noqa: E402
-
-from deepspeed.runtime.engine import DeepSpeedEngine  # noqa: E402
-from helpers.rank_cases import force_fp16_on_cpu, run_cases  # noqa: E402
-from helpers.repo import load_script  # noqa: E402
+gas_check = checker_package()  # on pristine upstream, the repository's copy
 
 TORCH_LINEAR = torch.nn.functional.linear  # before any ZeRO-3 engine replaces it (zero_init below)
 NO_CLIP = {"gradient_clipping": 0.0}

@@ -25,32 +25,20 @@ batch, and DP x GAS averaging is undone by scaling with DP x GAS. Case names:
 
 import copy
 import os
-import sys
-from pathlib import Path
 
-import torch  # noqa: E402
+import torch
 
-import deepspeed  # noqa: E402
-import deepspeed.comm as dist  # noqa: E402
-from toolkit.collectives import train_step_counting_collectives  # noqa: E402
-from helpers.engine_paths import relative_update_error  # noqa: E402
-from helpers.rank_cases import run_cases  # noqa: E402
+import deepspeed
+import deepspeed.comm as dist
+from toolkit.collectives import train_step_counting_collectives
+from helpers.engine_paths import relative_update_error
+from helpers.checker_module import gas_check
+from helpers.rank_cases import run_cases
+from helpers.small_model import (SAMPLE_ITEMS, global_batch, make_layers, micro_batch_losses, micro_batches,
+                                 rank_share, sample_items_loss_sum, sgd_config)
 
-try:  # ALST's gathered loss, as the checker writes it (0.19.8: the checker loaded from this repository)
-    from deepspeed.gafix.gas_check.sequence import GatherSummingGradients
-except ImportError:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "deepspeed" / "gafix"))
-    from gas_check.sequence import GatherSummingGradients  # noqa: E402
-from helpers.small_model import (
-    SAMPLE_ITEMS,
-    global_batch,
-    make_layers,
-    micro_batch_losses,
-    micro_batches,
-    rank_share,  # noqa: E402
-    sample_items_loss_sum,
-    sgd_config)
-
+# ALST's gathered loss, as the checker writes it (pristine upstream: the repository's copy)
+GatherSummingGradients = gas_check("sequence").GatherSummingGradients
 GLOBAL_BATCH = 16
 LR, CLIP = 0.1, 1.0
 PATHS = {

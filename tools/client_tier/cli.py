@@ -41,7 +41,7 @@ from pathlib import Path
 
 from client_tier import baseline
 from toolkit import REPO, junit, options, tables
-from gafix_build import load_pin  # importable once toolkit has put the repository on sys.path
+from gafix_build import load_pin
 from upstream_suite.baseline import BaselineError, tree_sha256
 from upstream_suite.classify import FIXED, REGRESSION, category_counts, compare, side_counts
 from toolkit.sides import clean_environ, pristine_python
@@ -488,7 +488,3 @@ def record_and_report(summary, args, identity):
         print(f"client-tier: pristine ran no test of {', '.join(empty)}: nothing recorded", file=sys.stderr)
         return 2
     return 1 if regressions else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

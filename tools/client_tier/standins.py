@@ -7,13 +7,12 @@ make_hub_standins.py (which writes the GPT-2, GPT-J and T5 ones), in the same lo
 prepared and trained, not the weights. The Llama and the Qwen MoE are the test suite's tiny Llama
 (tools/hf_training/tiny_models.py), resized where a test needs it.
 
-    cd tools && python -m client_tier.standins      # into HF_HUB_CACHE, else HF_HOME/hub
+tools/client-tier writes them (into HF_HUB_CACHE, else HF_HOME/hub) before its first test.
 """
 
 import os
 from pathlib import Path
 
-from toolkit import REPO  # noqa: F401  (and tests/ on the path, for hf_training)
 from hf_training.tiny_models import CONFIGS, from_settings
 
 REVISION = "0" * 40

@@ -26,9 +26,9 @@ from toolkit import REPO
 from toolkit.ports import free_port
 
 EXTENSIONS_DIR_VAR = "DS_GAFIX_TEST_EXTENSIONS_DIR"
-# Where a rank's script finds what it imports besides torch and deepspeed: the tests' helpers (tests/helpers) and this
-# maintainers' layer (tools/). Never the repository's root, whose deepspeed/ would shadow the installed one.
-RANK_IMPORT_ROOTS = (REPO / "tests", REPO / "tools")
+# Where a rank's script finds the tests' helpers (tests/helpers; the layer, toolkit, is installed in the environment).
+# Never the repository's root, whose deepspeed/ would shadow the installed one.
+RANK_IMPORT_ROOTS = (REPO / "tests", )
 LOCAL_RANKS = Path(__file__).with_name("local_ranks.py")
 SHM_BUFFER_GLOB = "/dev/shm/deepspeed_allreduce_buffer_*_{port}_*"
 

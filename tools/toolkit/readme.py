@@ -1,10 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
 
 # DeepSpeed Team
-"""README.md's two commands, as CI reads them (.ci/run): the first line of the code block after a
+"""README.md's two commands, as CI reads them (.ci/run, through tools/readme-command): the first line of the code block after a
 ``<!-- command: NAME -->`` marker (``install-and-demo``, ``test``)."""
 
 import shlex
+import sys
 
 from toolkit import REPO
 
@@ -39,9 +40,11 @@ def pytest_args(readme=REPO / "README.md"):
     raise NoCommand(f"{readme}'s test command runs no `python -m pytest`")
 
 
-if __name__ == "__main__":  # PYTHONPATH=tools python3 -m toolkit.readme NAME: the command, for .ci/run
-    import sys
+def main(argv):
+    """``tools/readme-command NAME``: print README's command NAME; exit 1, naming what is missing, if there is none."""
     try:
-        print(command(sys.argv[1]))
+        print(command(argv[0]))
     except NoCommand as err:
-        sys.exit(f"README.md: {err}")
+        print(f"readme-command: {err}", file=sys.stderr)
+        return 1
+    return 0

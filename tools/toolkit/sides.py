@@ -15,7 +15,7 @@ import subprocess
 import sys
 
 from toolkit import REPO, venvs
-from gafix_build import load_pin  # importable once toolkit has put the repository on sys.path
+from gafix_build import load_pin
 
 PROBE = 'import sys, torch; print("%d.%d" % sys.version_info[:2], torch.__version__, ' \
         'getattr(sys, "_base_executable", sys.executable))'
@@ -46,6 +46,9 @@ def pristine_venv(version=None, like=None):
     with venvs.building(venv):
         if not (venv / "bin" / "pytest").exists():
             _build_pristine(venv, version, torch_version, python_version, base_python, like)
+        elif not venvs.has_layer(venv):  # built before the layer was an installed package
+            if venvs.install_layer(venv, venv.with_name(venv.name + ".log"), clean_environ())[0]:
+                raise PristineNotFound(f"installing tools/ (the maintainers' layer) into {venv} failed")
     # deepspeed logs to stdout on import: the answer is the exit status.
     fork = subprocess.run([python, "-c", "import deepspeed, sys; sys.exit('+gafix' in deepspeed.__version__)"],
                           stdout=subprocess.DEVNULL,
@@ -76,9 +79,10 @@ def _build_pristine(venv, version, torch_version, python_version, base_python, l
         shutil.rmtree(venv, ignore_errors=True)
         raise PristineNotFound(f"torch=={public} installed as {got}, not {torch_version} like {like}: make the "
                                "registry (or pip's find-links) serve that build")
-    if venvs.pip_install(venv, [f"deepspeed=={version}", "-r", REPO / "tests" / "requirements.txt"], log, env)[0]:
+    if (venvs.pip_install(venv, [f"deepspeed=={version}", "-r", REPO / "tests" / "requirements.txt"], log, env)[0]
+            or venvs.install_layer(venv, log, env)[0]):
         shutil.rmtree(venv / "bin" / "pytest", ignore_errors=True)
-        raise PristineNotFound(f"installing deepspeed=={version} into {venv} failed: see {log}")
+        raise PristineNotFound(f"installing deepspeed=={version} and tools/ into {venv} failed: see {log}")
 
 
 def pristine_python(given=None, fork_python=None):

@@ -10,7 +10,7 @@ import subprocess
 from contextlib import contextmanager
 from pathlib import Path
 
-from toolkit import locks
+from toolkit import REPO, locks
 from toolkit.logs import run_logged
 
 
@@ -61,3 +61,16 @@ def pip_install(venv, args, log, env=None, cwd=None, timeout=None):
                       env,
                       cwd,
                       timeout=timeout)
+
+
+def has_layer(venv):
+    """Whether ``venv`` imports the maintainers' layer (toolkit and the tools' modules)."""
+    return subprocess.run([python_of(venv), "-c", "import toolkit"],
+                          stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL).returncode == 0
+
+
+def install_layer(venv, log, env=None):
+    """``pip install -e tools`` in ``venv``: the tests and the benchmarks import the layer in every environment they
+    run in (tools/pyproject.toml); ``(returncode, seconds)``."""
+    return pip_install(venv, ["--no-deps", "-e", REPO / "tools"], log, env)

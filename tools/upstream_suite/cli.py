@@ -31,7 +31,7 @@ from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from pathlib import Path
 
 from toolkit import REPO, options, sides
-from gafix_build import load_pin  # importable once toolkit has put the repository on sys.path
+from gafix_build import load_pin
 from upstream_suite import (baseline, console_scripts, held_files, patch_tests, prefixes, report, reruns, tiers,
                             work_dir_lock)
 from upstream_suite.classify import REGRESSION, compare
@@ -438,24 +438,10 @@ def patch_test_verdicts(added, fork_tests, pristine_tests, report_md):
 def run_prefixes(args, tests_dir, work_dir, results_dir, tests_sha256, added, pin):
     """The prefixes tier (tools/upstream_suite/prefixes.py): bundle k applied after 1..k-1 on pristine, then
     patch k's own test on that tree, with the pristine interpreter."""
-    from gafix_build import BuildError
-    from patch_tree import BASE_TAG, apply_mbox, git, materialise
+    from patch_tree import apply_mbox
     from patch_facts import load as load_facts
-    from pr_bundles import export_prs
 
-    python = os.path.abspath(pristine_python(args.pristine_python, args.fork_python))
-    info = describe_python(python)
-    if info["deepspeed"] != pin.version:
-        raise SetupError(f"--pristine-python {python} has deepspeed {info['deepspeed']}, not pristine "
-                         f"{pin.version} (upstream.json): the prefixes are laid over it")
-    tree = work_dir / "tree"
-    shutil.rmtree(tree, ignore_errors=True)
-    try:
-        bundles = export_prs(work_dir / "prs")
-        materialise(tree)
-    except BuildError as err:
-        raise SetupError(f"the PR bundles or the pristine tree could not be made: {err}") from err
-    git(tree, "checkout", "-q", "--detach", BASE_TAG)
+    python, info, tree, bundles = prefixes_base(args, work_dir, pin)
     extensions = Path(args.fork_extensions_dir or work_dir / "torch_extensions-prefixes").resolve()
     wanted = {prefix.number: prefix for prefix in prefixes.prefixes(bundles, added, load_facts().not_for_upstream())}
     echo, rows = printer(args.quiet), []
@@ -490,8 +476,35 @@ def run_prefixes(args, tests_dir, work_dir, results_dir, tests_sha256, added, pi
             for unit in todo:
                 run_unit(side, unit, scratch, outcomes, args.timeout, work_dir / "logs", args.local_size, echo)
         rows.append((prefix, *prefixes.verdict(prefix, outcomes)))
+    return report_prefixes(rows, Path(args.report) if args.report else work_dir / "prefixes.md")
+
+
+def prefixes_base(args, work_dir, pin):
+    """The pristine interpreter (it must hold the pinned release), what it holds, the pristine tree checked out at
+    the base, and the PR bundles to lay over it."""
+    from gafix_build import BuildError
+    from patch_tree import BASE_TAG, git, materialise
+    from pr_bundles import export_prs
+
+    python = os.path.abspath(pristine_python(args.pristine_python, args.fork_python))
+    info = describe_python(python)
+    if info["deepspeed"] != pin.version:
+        raise SetupError(f"--pristine-python {python} has deepspeed {info['deepspeed']}, not pristine "
+                         f"{pin.version} (upstream.json): the prefixes are laid over it")
+    tree = work_dir / "tree"
+    shutil.rmtree(tree, ignore_errors=True)
+    try:
+        bundles = export_prs(work_dir / "prs")
+        materialise(tree)
+    except BuildError as err:
+        raise SetupError(f"the PR bundles or the pristine tree could not be made: {err}") from err
+    git(tree, "checkout", "-q", "--detach", BASE_TAG)
+    return python, info, tree, bundles
+
+
+def report_prefixes(rows, report_md):
+    """The prefixes table into ``report_md`` and a summary line; the exit status (1 unless every patch passed)."""
     table = prefixes.as_markdown(rows)
-    report_md = Path(args.report) if args.report else work_dir / "prefixes.md"
     report_md.parent.mkdir(parents=True, exist_ok=True)
     report_md.write_text(table + "\n")
     print(table)

@@ -26,9 +26,10 @@ from upstream_suite.held_files import held_paths, unheld
 
 TOOLS_DIR = Path(__file__).resolve().parent.parent
 SHM_DIR = Path("/dev/shm")
-# Left behind by pristine upstream's CPU comm op (69 MB a rank, never unlinked): removed after each
-# pytest process once no process holds them, or a long tier fills /dev/shm.
-SHM_PREFIX = "deepspeed_allreduce_buffer_"
+# Left behind in /dev/shm, removed after each pytest process once no process holds them, or a long tier fills it:
+# pristine upstream's CPU comm op buffers (69 MB a rank, never unlinked) and the named semaphores of multiprocessing
+# pools (upstream's DistributedTest), which a pytest process group killed at a timeout leaves with their tracker.
+SHM_PREFIXES = ("deepspeed_allreduce_buffer_", "sem.mp-")
 POLL_S = 0.5
 
 
@@ -70,7 +71,7 @@ def child_environ(side, events_path, timeout_s, local_size):
 
 def _shm_names(shm_dir=SHM_DIR):
     try:
-        return {name for name in os.listdir(shm_dir) if name.startswith(SHM_PREFIX)}
+        return {name for name in os.listdir(shm_dir) if name.startswith(SHM_PREFIXES)}
     except FileNotFoundError:
         return set()
 
@@ -128,7 +129,7 @@ def remove_stale_build_locks(extensions_dir, held):
 
 
 def remove_left_shm_buffers(before, held, shm_dir=SHM_DIR):
-    """Delete the CPU comm op's ``/dev/shm`` buffers that no process holds; return their names.
+    """Delete the ``/dev/shm`` files of ``SHM_PREFIXES`` that no process holds; return their names.
 
     ``before``: the names there when this pytest process started. Where ``held`` is None (no /proc)
     only those made since are taken, true only while no other pytest process runs beside.
@@ -138,6 +139,28 @@ def remove_left_shm_buffers(before, held, shm_dir=SHM_DIR):
     for path in left:
         path.unlink(missing_ok=True)
     return [path.name for path in left]
+
+
+def pytest_command(side, unit, skip_ids):
+    """pytest over ``unit`` minus ``skip_ids``, reporting each event through the plugin."""
+    command = [side.python, "-m", "pytest", unit.path, "-p", "upstream_suite.pytest_plugin", "-p", "no:cacheprovider"]
+    if unit.keyword:
+        command += ["-k", unit.keyword]
+    for test_id in sorted(skip_ids):
+        command += ["--deselect", test_id]
+    return command
+
+
+def start_pytest(command, tests_dir, env, log):
+    """pytest in a session (a process group) of its own, which dies with the runner and is killed as a whole."""
+    return subprocess.Popen(command,
+                            cwd=tests_dir,
+                            env=env,
+                            stdout=log,
+                            stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL,
+                            start_new_session=True,
+                            preexec_fn=_die_with_the_runner)
 
 
 def run_attempt(side, unit, tests_dir, skip_ids, timeout_s, log_path, local_size, echo, on_result):
@@ -154,11 +177,7 @@ def run_attempt(side, unit, tests_dir, skip_ids, timeout_s, log_path, local_size
 
     events_path = log_path.with_suffix(".events")
     events_path.unlink(missing_ok=True)
-    command = [side.python, "-m", "pytest", unit.path, "-p", "upstream_suite.pytest_plugin", "-p", "no:cacheprovider"]
-    if unit.keyword:
-        command += ["-k", unit.keyword]
-    for test_id in sorted(skip_ids):
-        command += ["--deselect", test_id]
+    command = pytest_command(side, unit, skip_ids)
     shm_before = _shm_names()
     running, started, offset = None, time.monotonic(), 0
     with open(log_path, "a") as log:
@@ -166,14 +185,7 @@ def run_attempt(side, unit, tests_dir, skip_ids, timeout_s, log_path, local_size
             log.write(f"removed a JIT build lock left by a killed build: {lock}\n")
         log.write(f"\n$ {' '.join(command)}\n")
         log.flush()
-        proc = subprocess.Popen(command,
-                                cwd=tests_dir,
-                                env=child_environ(side, events_path, timeout_s, local_size),
-                                stdout=log,
-                                stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL,
-                                start_new_session=True,
-                                preexec_fn=_die_with_the_runner)
+        proc = start_pytest(command, tests_dir, child_environ(side, events_path, timeout_s, local_size), log)
         while True:
             finished = proc.poll() is not None
             events, offset = _read_events(events_path, offset)
@@ -203,9 +215,14 @@ def run_attempt(side, unit, tests_dir, skip_ids, timeout_s, log_path, local_size
             result(running, "crashed", f"pytest exited with {proc.returncode} inside the test", 0.0)
             echo(side, running, "crashed", 0.0)
     remove_left_shm_buffers(shm_before, held_paths())
-    with open(log_path) as log:
-        attempt.tail = " | ".join(line.strip() for line in log.read().splitlines()[-3:] if line.strip())[-300:]
+    attempt.tail = log_tail(log_path)
     return attempt
+
+
+def log_tail(log_path):
+    """The log's last three lines that hold anything, on one line (300 characters at most)."""
+    with open(log_path) as log:
+        return " | ".join(line.strip() for line in log.read().splitlines()[-3:] if line.strip())[-300:]
 
 
 def run_unit(side, unit, tests_dir, outcomes, timeout_s, log_dir, local_size=8, echo=lambda *args: None):
