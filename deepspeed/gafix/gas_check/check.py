@@ -195,34 +195,12 @@ def split_against_reference(plan, index, micro, gas, global_reference):
     """A split compared with the fp64 reference from the engine's own initial weights; also returns the reference
     on the whole global batch (trained once, at the first split). A resumed split (``plan.resumed_at``): the weights
     it loaded are compared with the reference's at that step, and the steps after it from there."""
-    config, workload, dtype = plan.config, plan.workload, plan.dtype
+    config, dtype = plan.config, plan.dtype
     training = plan.training(index, micro, gas, with_reference=True)
     weights = list(training.weights())
     trained = training.trained()
-    model = training.reference_model
-    initial = {name: (start, weights[0][name]) for name, (start, _) in training.spans.items()}
-    source = f"--model ({type(model).__name__})"
-
-    def from_initial():
-        """The reference model in fp64 at the engine's initial weights (one model for every run: the
-        previous run's gradients are dropped, and a low-precision run leaves it in fp32)."""
-        model.zero_grad(set_to_none=True)
-        load_full(model.double(), initial, source)
-        return model
-
-    def run(parts, loss, *precision, **storage):
-        return reference_run(from_initial(),
-                             workload.batches,
-                             parts,
-                             config["optimizer"],
-                             plan.clip,
-                             loss,
-                             *precision,
-                             owned_spans=training.spans,
-                             scheduler_config=config.get("scheduler"),
-                             **storage)
-
-    dp_world = dist.get_world_size() // (workload.pipeline_stages or 1)
+    run = reference_runs(plan, training, weights[0])
+    dp_world = dist.get_world_size() // (plan.workload.pipeline_stages or 1)
     # per_item: the mean over every item of the global batch (the whole batch as one micro-batch);
     # mean mode: the mean of the split's micro-batch means, DeepSpeed's contract.
     parts, reference_loss = ((1, item_mean(training.reference_loss)) if plan.per_item else
@@ -236,23 +214,7 @@ def split_against_reference(plan, index, micro, gas, global_reference):
     floor = run(parts, reference_loss, FLOOR_DTYPE[dtype],
                 get_accelerator().current_device_name(), config_loss_scale(config), **config_storage(config, dp_world))
     steps, at = len(trained.norms), plan.resumed_at
-    # Resumed: weights[1] is what the engine loaded; each step after it is compared from there, so that a state
-    # the load lost shows at the first step it moves, not diluted by the steps before the save.
-    observed = weights[1:] if at else weights
-    local = sums_between(observed, expected.weights[at:], steps)
-    restored = flat(
-        [update_sums(weights[1], weights[0], run.weights[at], run.weights[0])
-         for run in (expected, floor)]) if at else []
-    totals = gather(
-        sums=flat(local),
-        factors=_rank_factor(local[0]),
-        floor=flat(sums_between(observed, floor.weights[at:], steps)) if dtype != "fp32" else [],
-        floor_gaps=flat(sums_between(floor.weights[at:], expected.weights[at:], steps)),
-        # Resumed: the weights it loaded carry the rounding of the steps before the save; what rounding does there
-        # counts in the noise floor, as it did for the run that saved them.
-        floor_gaps_before=flat(sums_between(floor.weights, expected.weights, at)),
-        global_gap=[] if plan.per_item else flat(sums_between(expected.weights, global_reference.weights, 1)),
-        restored=restored)
+    totals = gathered_sums(plan, weights, steps, expected, floor, global_reference)
     restored_errors = relative_errors(totals["restored"]) if at else [float("nan")] * 2
     floor_norm_errors = [abs(n - r) / (r or 1.0) for n, r in zip(floor.norms, expected.norms)]
     noise_floor = max(floor_norm_errors + relative_errors(totals["floor_gaps"] + totals["floor_gaps_before"]))
@@ -275,6 +237,59 @@ def split_against_reference(plan, index, micro, gas, global_reference):
         restored_error=restored_errors[0],
         restored_floor_error=restored_errors[1] if dtype != "fp32" else float("nan"))
     return result, global_reference
+
+
+def reference_runs(plan, training, initial_weights):
+    """``run(parts, loss, *precision, **storage)``: the reference trained on the split's workload from the engine's
+    initial weights (this rank's ``initial_weights``, its spans of them), in fp64 unless ``precision`` says."""
+    model = training.reference_model
+    initial = {name: (start, initial_weights[name]) for name, (start, _) in training.spans.items()}
+    source = f"--model ({type(model).__name__})"
+
+    def from_initial():
+        """The reference model in fp64 at the engine's initial weights (one model for every run: the
+        previous run's gradients are dropped, and a low-precision run leaves it in fp32)."""
+        model.zero_grad(set_to_none=True)
+        load_full(model.double(), initial, source)
+        return model
+
+    def run(parts, loss, *precision, **storage):
+        return reference_run(from_initial(),
+                             plan.workload.batches,
+                             parts,
+                             plan.config["optimizer"],
+                             plan.clip,
+                             loss,
+                             *precision,
+                             owned_spans=training.spans,
+                             scheduler_config=plan.config.get("scheduler"),
+                             **storage)
+
+    return run
+
+
+def gathered_sums(plan, weights, steps, expected, floor, global_reference):
+    """The split's sums against the references, over every rank (one collective): the engine's weights against the
+    fp64 reference and the noise floor, the floor against the reference, the mean-mode gap, and what a resumed run
+    restored."""
+    at = plan.resumed_at
+    # Resumed: weights[1] is what the engine loaded; each step after it is compared from there, so that a state
+    # the load lost shows at the first step it moves, not diluted by the steps before the save.
+    observed = weights[1:] if at else weights
+    local = sums_between(observed, expected.weights[at:], steps)
+    restored = flat(
+        [update_sums(weights[1], weights[0], run.weights[at], run.weights[0])
+         for run in (expected, floor)]) if at else []
+    return gather(
+        sums=flat(local),
+        factors=_rank_factor(local[0]),
+        floor=flat(sums_between(observed, floor.weights[at:], steps)) if plan.dtype != "fp32" else [],
+        floor_gaps=flat(sums_between(floor.weights[at:], expected.weights[at:], steps)),
+        # Resumed: the weights it loaded carry the rounding of the steps before the save; what rounding does there
+        # counts in the noise floor, as it did for the run that saved them.
+        floor_gaps_before=flat(sums_between(floor.weights, expected.weights, at)),
+        global_gap=[] if plan.per_item else flat(sums_between(expected.weights, global_reference.weights, 1)),
+        restored=restored)
 
 
 # torch_autocast's "dtype" values (the engine's DtypeEnum spellings) by the precision they compute in.

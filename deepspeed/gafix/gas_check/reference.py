@@ -193,20 +193,11 @@ def reference_run(model,
     a low-precision run only.
     """
     low_precision = dtype in (torch.bfloat16, torch.float16)
-    master = model.to(torch.float32 if low_precision else dtype)
-    master.train()
-    work = copy.deepcopy(master).to(device, dtype) if low_precision else master
     storage = master_storage if low_precision else None
-    if storage is not None:
-        master.to(storage.dtype)
+    master, work = master_and_work(model, dtype, device, storage)
     params = [p for p in master.parameters() if p.requires_grad]
     work_params = [p for p in work.parameters() if p.requires_grad]
-    if storage is not None and storage.fp32_step:
-        optimizer = Fp32Step(params, lambda copies: reference_optimizer(copies, optimizer_config), storage.state_dtype)
-        scheduler = reference_scheduler(optimizer.optimizer, scheduler_config)
-    else:
-        optimizer = reference_optimizer(params, optimizer_config)
-        scheduler = reference_scheduler(optimizer, scheduler_config)
+    optimizer, scheduler = optimizer_and_scheduler(params, optimizer_config, scheduler_config, storage)
     run = ReferenceRun(weights=[named_weights(master, owned_spans)])
     scale = float(loss_scale or 1.0) if dtype == torch.float16 else 1.0
     order, flush_every = micro_batch_order(micro_batches, storage)
@@ -217,44 +208,88 @@ def reference_run(model,
             optimizer.zero_grad()
             total, finite, partial = 0.0, True, {}
             for position, k in enumerate(order):
-                loss = model_loss(work, rows(batch, k * size, (k + 1) * size), loss_fn)
-                # fp16: as DeepSpeed's fp16 optimizers scale it, the loss in fp32 times the loss scale.
-                (loss.float() * (scale / micro_batches) if dtype == torch.float16 else loss / micro_batches).backward()
-                total += loss.item()
+                micro_batch = rows(batch, k * size, (k + 1) * size)
+                total += backward(work, micro_batch, loss_fn, micro_batches, scale if dtype == torch.float16 else None)
                 if low_precision and (dtype == torch.bfloat16 or position == micro_batches - 1):
-                    for i, (p, w) in enumerate(zip(params, work_params)):
-                        if w.grad is not None:
-                            grad = w.grad.float().to(p.device) / scale
-                            # Only a scaled fp16 loss can overflow (a host read per tensor: fp16 alone).
-                            finite = finite and (scale == 1.0 or bool(torch.isfinite(grad).all()))
-                            if storage is None:
-                                p.grad = grad if p.grad is None else p.grad + grad
-                            else:
-                                # Gradients stored in low precision: summed in the engine's order (order), each
-                                # addition rounded where the engine's is.
-                                partial[i] = added(partial.get(i), grad, storage.dtype)
-                                if (position + 1) % flush_every == 0:
-                                    p.grad = added(p.grad, partial.pop(i), storage.dtype)
-                            w.grad = None
+                    finite = to_master(params, work_params, scale, storage, partial, (position + 1) % flush_every == 0,
+                                       finite)
             if finite or scale <= 1.0:
                 break
             scale /= 2  # an fp16 overflow: a dynamic loss scaler halves the scale; the floor redoes the batch
         norm = global_norm(params).item()
-        if clip > 0:
-            # DeepSpeed's rule, as torch.nn.utils.clip_grad_norm_: scale when the norm exceeds clip.
-            coef = clip / (norm + 1e-6)
-            if coef < 1:
-                for p in params:
-                    if p.grad is not None:
-                        p.grad.mul_(coef)
-        optimizer.step()
-        if scheduler is not None:
-            scheduler.step()
-        if low_precision:
-            with torch.no_grad():
-                for p, w in zip(params, work_params):
-                    w.copy_(p)
+        clip_gradients(params, norm, clip)
+        step(optimizer, scheduler, params, work_params if low_precision else ())
         run.norms.append(norm)
         run.losses.append(total / micro_batches)
         run.weights.append(named_weights(master, owned_spans))
     return run
+
+
+def backward(work, micro_batch, loss_fn, micro_batches, fp16_scale=None):
+    """The micro-batch's loss; its gradient over ``micro_batches`` added to ``work``'s. ``fp16_scale``: an fp16 run's
+    loss scale, which multiplies the loss in fp32, as DeepSpeed's fp16 optimizers scale it."""
+    loss = model_loss(work, micro_batch, loss_fn)
+    (loss / micro_batches if fp16_scale is None else loss.float() * (fp16_scale / micro_batches)).backward()
+    return loss.item()
+
+
+def step(optimizer, scheduler, params, work_params):
+    """The optimizer's and the scheduler's step; the work copy (``work_params``, a low-precision run's) takes the
+    updated weights."""
+    optimizer.step()
+    if scheduler is not None:
+        scheduler.step()
+    with torch.no_grad():
+        for p, w in zip(params, work_params):
+            w.copy_(p)
+
+
+def master_and_work(model, dtype, device, storage):
+    """The weights the optimizer updates (fp32 for a low-precision run, in ``storage``'s dtype where it keeps them
+    lower) and the copy forward and backward run on (in ``dtype`` on ``device``; the same module otherwise)."""
+    low_precision = dtype in (torch.bfloat16, torch.float16)
+    master = model.to(torch.float32 if low_precision else dtype)
+    master.train()
+    work = copy.deepcopy(master).to(device, dtype) if low_precision else master
+    if storage is not None:
+        master.to(storage.dtype)
+    return master, work
+
+
+def optimizer_and_scheduler(params, optimizer_config, scheduler_config, storage):
+    if storage is not None and storage.fp32_step:
+        optimizer = Fp32Step(params, lambda copies: reference_optimizer(copies, optimizer_config), storage.state_dtype)
+        return optimizer, reference_scheduler(optimizer.optimizer, scheduler_config)
+    optimizer = reference_optimizer(params, optimizer_config)
+    return optimizer, reference_scheduler(optimizer, scheduler_config)
+
+
+def to_master(params, work_params, scale, storage, partial, flush, finite):
+    """Move the work copy's gradients, unscaled, onto the master weights, as mixed precision does; whether every
+    gradient so far was finite (``finite``: the batch's until now). With gradients stored in low precision
+    (``storage``) they are summed into ``partial`` in the engine's order, each addition rounded where the engine's is,
+    and ``flush`` adds the partial sums to the step's gradient."""
+    for i, (p, w) in enumerate(zip(params, work_params)):
+        if w.grad is None:
+            continue
+        grad = w.grad.float().to(p.device) / scale
+        # Only a scaled fp16 loss can overflow (a host read per tensor: fp16 alone).
+        finite = finite and (scale == 1.0 or bool(torch.isfinite(grad).all()))
+        if storage is None:
+            p.grad = grad if p.grad is None else p.grad + grad
+        else:
+            partial[i] = added(partial.get(i), grad, storage.dtype)
+            if flush:
+                p.grad = added(p.grad, partial.pop(i), storage.dtype)
+        w.grad = None
+    return finite
+
+
+def clip_gradients(params, norm, clip):
+    """DeepSpeed's rule, as torch.nn.utils.clip_grad_norm_: scale the gradients when their norm exceeds ``clip``."""
+    if clip > 0:
+        coef = clip / (norm + 1e-6)
+        if coef < 1:
+            for p in params:
+                if p.grad is not None:
+                    p.grad.mul_(coef)
