@@ -172,9 +172,11 @@ def client_tier():
         return f"{regressions} regressions, {fixed} fixed, {both_pass} both pass"
 
     report, before = load("client_tier/report.json"), load("client_tier/transformers-5.23.0/report.json")
+    # The previous pins' run may be of an earlier release: said so, not folded into this one's version.
+    older = "" if before["fork_version"] == report["fork_version"] else f" (fork {before['fork_version']})"
     return (f"transformers' and accelerate's DeepSpeed tests, fork {report['fork_version']} vs "
             f"{report['pristine_version']}: on transformers {report['transformers']}, {counts(report)}; "
-            f"on {before['transformers']}, {counts(before)}")
+            f"on {before['transformers']}{older}, {counts(before)}")
 
 
 def optimizers():
