@@ -1,8 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 
 # DeepSpeed Team
-"""README.md's two commands, as CI reads them (.ci/run, through tools/readme-command): the first line of the code block after a
-``<!-- command: NAME -->`` marker (``install-and-demo``, ``test``)."""
+"""README.md's two commands, as CI reads them (.ci/run, through tools/readme-command): the first line of the code
+block after a ``<!-- command: NAME -->`` marker (``install-and-demo``, ``test``)."""
 
 import shlex
 import sys
